@@ -1,0 +1,272 @@
+"""In-memory series store: what the PromQL engine reads and every source writes.
+
+Each series keeps its samples in two typed arrays (``array('q')`` timestamps in
+milliseconds, ``array('d')`` values): 16 bytes a sample and no Python object per
+sample. Appends go to the end; :meth:`Store.gc` drops the head older than the
+retention window in one slice, so the arrays behave like ring buffers whose
+capacity is a time span rather than a count.
+
+Only metric names on the :class:`KeepList` are stored (DESIGN.md decision 3): the
+scraper asks :meth:`Store.wants` per sample name, answered from a dict cache, and
+skips the rest before parsing their labels.
+
+Write rules follow Prometheus' TSDB: a sample older than the series' last one is
+rejected ("out of order"), a second sample at the same timestamp with a different
+value is rejected ("duplicate"), the same value again is accepted silently.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+from agent.errors import StoreError
+from agent.series import METRIC_NAME, Labels, is_stale
+
+__all__ = [
+    "AppendResult",
+    "KeepList",
+    "Matcher",
+    "Series",
+    "SeriesView",
+    "Store",
+]
+
+#: Suffixes a sample name may carry beyond its family name (histogram, summary,
+#: counter and OpenMetrics ``_created``/``_info``); keeping a family keeps them all.
+_FAMILY_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gsum", "_gcount")
+
+
+class AppendResult(Enum):
+    OK = "ok"
+    OUT_OF_ORDER = "out_of_order"
+    DUPLICATE = "duplicate"
+
+
+class Series:
+    """One series: its labels and its samples, oldest first."""
+
+    __slots__ = ("labels", "ts", "vals")
+
+    def __init__(self, labels: Labels) -> None:
+        self.labels = labels
+        self.ts: array[int] = array("q")
+        self.vals: array[float] = array("d")
+
+    def append(self, ts_ms: int, value: float) -> AppendResult:
+        ts = self.ts
+        if ts:
+            last = ts[-1]
+            if ts_ms < last:
+                return AppendResult.OUT_OF_ORDER
+            if ts_ms == last:
+                prev = self.vals[-1]
+                same = prev == value or (prev != prev and value != value and is_stale(prev) == is_stale(value))
+                return AppendResult.OK if same else AppendResult.DUPLICATE
+        ts.append(ts_ms)
+        self.vals.append(value)
+        return AppendResult.OK
+
+    def window(self, start_ms: int, end_ms: int) -> tuple[int, int]:
+        """Index range ``[i, j)`` of samples with ``start_ms <= t <= end_ms``."""
+        return bisect_left(self.ts, start_ms), bisect_right(self.ts, end_ms)
+
+    def trim_before(self, min_ts_ms: int) -> int:
+        """Drop samples older than ``min_ts_ms``; returns how many were dropped."""
+        cut = bisect_left(self.ts, min_ts_ms)
+        if cut:
+            del self.ts[:cut]
+            del self.vals[:cut]
+        return cut
+
+    def last(self) -> tuple[int, float] | None:
+        return (self.ts[-1], self.vals[-1]) if self.ts else None
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def __repr__(self) -> str:
+        return f"Series({self.labels!r}, {len(self)} samples)"
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    """A read-only slice of one series for a time range (copies, safe to keep)."""
+
+    labels: Labels
+    ts: array[int]
+    vals: array[float]
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """A PromQL label matcher. Regexes are fully anchored, as in Prometheus."""
+
+    name: str
+    op: str
+    value: str
+    _regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.op not in ("=", "!=", "=~", "!~"):
+            raise StoreError(f"unknown matcher operator {self.op!r}")
+        if self.op in ("=~", "!~"):
+            try:
+                compiled = re.compile(f"(?:{self.value})\\Z", re.DOTALL)
+            except re.error as exc:
+                raise StoreError(f"bad regex in matcher {self.name}{self.op}{self.value!r}: {exc}") from exc
+            object.__setattr__(self, "_regex", compiled)
+
+    def matches(self, value: str) -> bool:
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        assert self._regex is not None
+        hit = self._regex.match(value) is not None
+        return hit if self.op == "=~" else not hit
+
+
+class KeepList:
+    """Which sample names to store. ``None`` names means keep everything."""
+
+    __slots__ = ("_cache", "_families")
+
+    def __init__(self, families: Iterable[str] | None) -> None:
+        self._families = None if families is None else frozenset(families)
+        self._cache: dict[str, bool] = {}
+
+    @property
+    def keeps_all(self) -> bool:
+        return self._families is None
+
+    def families(self) -> frozenset[str] | None:
+        return self._families
+
+    def __contains__(self, sample_name: object) -> bool:
+        if not isinstance(sample_name, str):
+            return False
+        hit = self._cache.get(sample_name)
+        if hit is None:
+            hit = self._decide(sample_name)
+            if len(self._cache) < 100_000:  # bound the cache against name-exploding targets
+                self._cache[sample_name] = hit
+        return hit
+
+    def _decide(self, name: str) -> bool:
+        fams = self._families
+        if fams is None or name in fams:
+            return True
+        return any(name.endswith(s) and name[: -len(s)] in fams for s in _FAMILY_SUFFIXES)
+
+    def extended(self, more: Iterable[str]) -> KeepList:
+        """A new keep-list with ``more`` families added (no-op if keeping all)."""
+        if self._families is None:
+            return self
+        return KeepList(self._families | frozenset(more))
+
+
+class Store:
+    """All series, indexed by metric name, then by the full label tuple."""
+
+    def __init__(self, retention_ms: int, keep: KeepList | None = None) -> None:
+        if retention_ms <= 0:
+            raise StoreError("retention must be positive")
+        self.retention_ms = retention_ms
+        self.keep = keep if keep is not None else KeepList(None)
+        self._by_name: dict[str, dict[Labels, Series]] = {}
+        self.metadata: dict[str, tuple[str, str]] = {}
+        self.rejected: dict[AppendResult, int] = {AppendResult.OUT_OF_ORDER: 0, AppendResult.DUPLICATE: 0}
+
+    # -- writing ---------------------------------------------------------------
+    def wants(self, sample_name: str) -> bool:
+        return sample_name in self.keep
+
+    def series(self, labels: Labels) -> Series:
+        """The series with exactly these labels, created if new."""
+        name = _name_of(labels)
+        bucket = self._by_name.get(name)
+        if bucket is None:
+            bucket = self._by_name[name] = {}
+        s = bucket.get(labels)
+        if s is None:
+            s = bucket[labels] = Series(labels)
+        return s
+
+    def append(self, labels: Labels, ts_ms: int, value: float) -> AppendResult:
+        result = self.series(labels).append(ts_ms, value)
+        if result is not AppendResult.OK:
+            self.rejected[result] += 1
+        return result
+
+    def note_rejected(self, result: AppendResult) -> None:
+        """Count a rejected append done directly on a :class:`Series`."""
+        if result is not AppendResult.OK:
+            self.rejected[result] += 1
+
+    # -- reading ---------------------------------------------------------------
+    def get(self, labels: Labels) -> Series | None:
+        return self._by_name.get(_name_of(labels), {}).get(labels)
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def iter_series(self, matchers: Iterable[Matcher] = ()) -> Iterator[Series]:
+        """Series whose labels satisfy every matcher (missing label = empty string)."""
+        ms = list(matchers)
+        name_eq = next((m.value for m in ms if m.name == METRIC_NAME and m.op == "="), None)
+        if name_eq is not None:
+            buckets: Iterable[dict[Labels, Series]] = [self._by_name.get(name_eq, {})]
+        else:
+            name_ms = [m for m in ms if m.name == METRIC_NAME]
+            buckets = [b for n, b in self._by_name.items() if all(m.matches(n) for m in name_ms)]
+        rest = [m for m in ms if m.name != METRIC_NAME]
+        for bucket in buckets:
+            for labels, s in bucket.items():
+                if rest:
+                    d = dict(labels)
+                    if not all(m.matches(d.get(m.name, "")) for m in rest):
+                        continue
+                yield s
+
+    def select(self, matchers: Iterable[Matcher], start_ms: int, end_ms: int) -> list[SeriesView]:
+        """Samples of every matching series within ``[start_ms, end_ms]``; series with
+        no sample in the range are left out."""
+        out = []
+        for s in self.iter_series(matchers):
+            i, j = s.window(start_ms, end_ms)
+            if i < j:
+                out.append(SeriesView(s.labels, s.ts[i:j], s.vals[i:j]))
+        return out
+
+    # -- housekeeping ----------------------------------------------------------
+    def gc(self, now_ms: int) -> int:
+        """Apply retention; drop series left empty. Returns samples dropped."""
+        cutoff = now_ms - self.retention_ms
+        dropped = 0
+        for name in list(self._by_name):
+            bucket = self._by_name[name]
+            for labels in list(bucket):
+                s = bucket[labels]
+                dropped += s.trim_before(cutoff)
+                if not s.ts:
+                    del bucket[labels]
+            if not bucket:
+                del self._by_name[name]
+        return dropped
+
+    def stats(self) -> dict[str, int]:
+        series = sum(len(b) for b in self._by_name.values())
+        samples = sum(len(s) for b in self._by_name.values() for s in b.values())
+        return {"series": series, "samples": samples, "bytes": samples * 16, "names": len(self._by_name)}
+
+
+def _name_of(labels: Labels) -> str:
+    for k, v in labels:
+        if k == METRIC_NAME:
+            return v
+    raise StoreError(f"series without a metric name: {labels!r}")
