@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from agent.errors import StoreError
-from agent.series import METRIC_NAME, Labels, is_stale
+from agent.series import METRIC_NAME, STALE_NAN, Labels, is_stale
 
 __all__ = [
     "AppendResult",
+    "RoundWriter",
     "KeepList",
     "Matcher",
     "Series",
@@ -270,3 +271,27 @@ def _name_of(labels: Labels) -> str:
         if k == METRIC_NAME:
             return v
     raise StoreError(f"series without a metric name: {labels!r}")
+
+
+class RoundWriter:
+    """Writes a source's samples in rounds (one NVML poll = one round) and appends
+    staleness markers for series that were in the previous round but not this one,
+    the way a scrape does for a target."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._last: set[Labels] = set()
+
+    def write(self, samples: Iterable[tuple[Labels, float, int]], now_ms: int) -> int:
+        seen: set[Labels] = set()
+        for labels, value, ts in samples:
+            if self._store.wants(_name_of(labels)):
+                self._store.append(labels, ts, value)
+                seen.add(labels)
+        for labels in self._last - seen:
+            self._store.append(labels, now_ms, STALE_NAN)
+        self._last = seen
+        return len(seen)
+
+    def stale_all(self, now_ms: int) -> None:
+        self.write((), now_ms)

@@ -1,0 +1,196 @@
+"""The ``sre-agent`` command line.
+
+Exit status everywhere: 0 = ran and found nothing wrong, 1 = ran and found a
+problem, 2 = bad input (config, flags, files). Configuration errors are printed one
+per line with their key path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+import yaml
+
+from agent import __version__
+from agent.config import Config, load_config
+from agent.daemon import Agent
+from agent.demo import run_demo
+from agent.errors import AgentError, ConfigError
+from agent.logs import configure_logging
+from agent.simulate.scenarios import SCENARIOS
+from agent.simulate.server import Fleet, FleetConfig
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
+
+_DESCRIPTION = """\
+A Prometheus-driven SRE agent for vLLM and LMDeploy fleets: scrapes /metrics and
+NVML GPU stats, evaluates health rules, alerts and scales out.
+
+Start here:  sre-agent demo          (agent + a simulated vLLM fleet, nothing else needed)
+Then:        sre-agent check --config agent.yaml
+             sre-agent run --config agent.yaml
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sre-agent", description=_DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"sre-agent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the agent daemon",
+                         description="Run the agent: scrape targets and NVML, serve /metrics and the API. "
+                                     "Without --config it scrapes http://127.0.0.1:8000/metrics (vLLM's "
+                                     "default port) and local GPUs.")
+    run.add_argument("--config", "-c", type=Path, help="YAML config file (default: built-in defaults)")
+    run.add_argument("--once", action="store_true",
+                     help="collect once, print {targets, alerts} as JSON on stdout and exit 0 (for cron/CI)")
+    _log_flags(run)
+
+    check = sub.add_parser("check", help="validate a config file and print the effective config",
+                           description="Validate the config and print it with defaults filled in and secrets "
+                                       "redacted. Exit 2 with one line per error.")
+    check.add_argument("--config", "-c", type=Path, required=True)
+    check.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+
+    sim = sub.add_parser("simulate", help="serve a simulated vLLM fleet's /metrics on 127.0.0.1",
+                         description="Serve realistic vLLM /metrics for N replicas driven by a queueing model. "
+                                     "POST {\"replicas\": N} to the control port's /scale to scale.")
+    _fleet_flags(sim, default_port=8000, default_scenario="steady")
+    _log_flags(sim)
+
+    demo = sub.add_parser("demo", help="run a simulated fleet and the agent together, with a live view",
+                          description="Start the simulator and the agent, and show the fleet's live state "
+                                      "as the agent sees it. Ctrl-C to stop.")
+    _fleet_flags(demo, default_port=18000, default_scenario="surge")
+    demo.add_argument("--listen", default="127.0.0.1:9400", help="agent HTTP address (default %(default)s)")
+    demo.add_argument("--interval", default="2s", help="scrape interval (default %(default)s)")
+    demo.add_argument("--duration", type=float, default=0.0,
+                      help="stop after this many seconds (default: run until Ctrl-C)")
+    demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _log_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=["console", "json"], help="override log.format")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
+
+
+def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scenario: str) -> None:
+    p.add_argument("--replicas", type=int, default=3, help="vLLM replicas (default %(default)s)")
+    p.add_argument("--lmdeploy", type=int, default=1, help="LMDeploy replicas (default %(default)s)")
+    p.add_argument("--port", type=int, default=default_port, help="first replica port (default %(default)s)")
+    p.add_argument("--scenario", default=default_scenario, choices=sorted(SCENARIOS),
+                   help="load pattern (default %(default)s)")
+    p.add_argument("--generation", default="v1", choices=["v0", "v1"], help="vLLM metric names (default v1)")
+    p.add_argument("--speed", type=float, default=1.0, help="model seconds per wall second (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", type=Path, help="where replicas write their logs (oom scenario)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check(args)
+        if args.command == "run":
+            return _run(args)
+        if args.command == "simulate":
+            return _simulate(args)
+        if args.command == "demo":
+            configure_logging("console", args.log_level)
+            return asyncio.run(run_demo(fleet_config(args), listen=args.listen, interval=args.interval,
+                                        duration=args.duration))
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(f"config error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_BAD_INPUT
+
+
+def _load(args: argparse.Namespace) -> Config:
+    return load_config(getattr(args, "config", None), os.environ)
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = _load(args)
+    data = config.redacted()
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    print(f"config OK: {args.config}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _load(args)
+    configure_logging(args.log_format or config.log.format, args.log_level or config.log.level)
+    if args.once:
+        return asyncio.run(_once(Agent(config)))
+    asyncio.run(_serve_forever(Agent(config)))
+    return EXIT_OK
+
+
+async def _once(agent: Agent) -> int:
+    try:
+        await agent.collect_once()
+    finally:
+        await agent.stop()
+    print(json.dumps({"targets": agent.targets_json(), "alerts": []}, indent=2))
+    return EXIT_OK
+
+
+async def _serve_forever(agent: Agent) -> None:
+    await agent.run_until(_stop_event())
+
+
+def _stop_event() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, for a clean shutdown."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format or "console", args.log_level or "info")
+    return asyncio.run(_simulate_async(args))
+
+
+async def _simulate_async(args: argparse.Namespace) -> int:
+    fleet = Fleet(fleet_config(args))
+    await fleet.start()
+    log = structlog.get_logger("agent.simulate")
+    log.info("simulator serving", targets=fleet.targets, control=fleet.control_url, scenario=args.scenario)
+    for url in fleet.targets:
+        print(url, flush=True)
+    try:
+        await _stop_event().wait()
+    finally:
+        await fleet.stop()
+    return EXIT_OK
+
+
+def fleet_config(args: argparse.Namespace) -> FleetConfig:
+    """FleetConfig from the shared simulate/demo flags."""
+    return FleetConfig(
+        replicas=args.replicas, base_port=args.port, scenario=args.scenario, generation=args.generation,
+        lmdeploy_replicas=args.lmdeploy, seed=args.seed, speed=args.speed, log_dir=args.log_dir,
+    )

@@ -1,0 +1,336 @@
+"""The agent's one typed configuration, loaded from YAML and validated once at start.
+
+Every problem is reported with its key path and the bad value
+(``targets[2].url: not a URL: 'foo'``), all problems at once, so a user fixes the file
+in one pass. Secrets are never written inline: a secret field is given as
+``<name>_file`` (read from a file, the Kubernetes-secret way) or ``<name>_env`` (read
+from an environment variable); both are resolved here, the only place the process
+environment is read, and the value is held as a :class:`pydantic.SecretStr` that
+prints as ``**********`` in logs, ``sre-agent check`` and ``/api`` output.
+
+Durations are written the Prometheus way (``15s``, ``5m``, ``1h30m``, ``100ms``);
+sizes as ``16MiB``, ``512KiB``, ``1GB`` or plain bytes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from agent.errors import ConfigError
+
+__all__ = [
+    "Config",
+    "FileSDConfig",
+    "NvmlConfig",
+    "ScrapeConfig",
+    "ServerConfig",
+    "StoreConfig",
+    "TargetConfig",
+    "format_duration",
+    "load_config",
+    "parse_duration",
+    "parse_size",
+]
+
+DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm serve --port 8000)
+
+_DURATION_RE = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION_UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+}
+_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def parse_duration(text: object) -> float:
+    """Prometheus duration string -> seconds. ``0`` alone is accepted."""
+    if isinstance(text, bool) or not isinstance(text, str):
+        raise ValueError(f"a duration needs a unit, like '15s' or '5m' (got {text!r})")
+    if text == "0":
+        return 0.0
+    m = _DURATION_RE.match(text.strip())
+    if not text.strip() or m is None or not any(m.groups()):
+        raise ValueError(f"not a duration: {text!r} (use Prometheus units: 100ms, 15s, 5m, 1h, 1d)")
+    return float(sum(int(g) * u for g, u in zip(m.groups(), _DURATION_UNITS, strict=True) if g))
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> the shortest Prometheus duration string (``90`` -> ``1m30s``)."""
+    ms = round(seconds * 1000)
+    if ms == 0:
+        return "0s"
+    out = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        n, ms = divmod(ms, size)
+        if n:
+            out.append(f"{n}{unit}")
+    return "".join(out)
+
+
+def parse_size(value: object) -> int:
+    """``16MiB`` / ``1GB`` / ``1048576`` -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value))
+    if m is None:
+        raise ValueError(f"not a size: {value!r} (use e.g. 16MiB, 512KiB, 1GB or bytes)")
+    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").upper()])
+
+
+Duration = Annotated[
+    float, BeforeValidator(parse_duration), PlainSerializer(lambda s: format_duration(s), when_used="json")
+]
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _resolve_secret(values: dict[str, Any], field: str, info: ValidationInfo) -> dict[str, Any]:
+    """Turn ``<field>_file`` / ``<field>_env`` into ``<field>`` (a SecretStr)."""
+    if field in values and values[field] is not None and not isinstance(values[field], SecretStr):
+        raise ValueError(
+            f"{field}: secrets are not accepted inline; use {field}_file (a file path) or {field}_env "
+            "(an environment variable name)"
+        )
+    path, env_name = values.pop(f"{field}_file", None), values.pop(f"{field}_env", None)
+    if path is not None and env_name is not None:
+        raise ValueError(f"{field}: give {field}_file or {field}_env, not both")
+    if path is not None:
+        try:
+            values[field] = SecretStr(Path(path).read_text(encoding="utf-8").strip())
+        except OSError as exc:
+            raise ValueError(f"{field}_file: cannot read {path!r}: {exc.strerror}") from exc
+    elif env_name is not None:
+        environ: Mapping[str, str] = (info.context or {}).get("environ", {})
+        if env_name not in environ:
+            raise ValueError(f"{field}_env: environment variable {env_name!r} is not set")
+        values[field] = SecretStr(environ[env_name])
+    return values
+
+
+class TargetConfig(_Model):
+    """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL."""
+
+    url: str
+    job: str = "vllm"
+    labels: dict[str, str] = Field(default_factory=dict)
+    bearer_token: SecretStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return _resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not a URL: {v!r} (expected http://host:port/metrics)")
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise ValueError(f"not a URL: {v!r} (bad port)") from exc
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _LABEL_NAME_RE.match(name) or name.startswith("__"):
+                raise ValueError(f"invalid label name {name!r}")
+        return v
+
+
+class FileSDConfig(_Model):
+    """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``)."""
+
+    files: list[str] = Field(min_length=1)
+    job: str = "vllm"
+    refresh_interval: Duration = 300.0
+
+
+class ScrapeConfig(_Model):
+    interval: Duration = 15.0
+    timeout: Duration = 10.0
+    body_limit: ByteSize = 16 * 2**20
+    concurrency: int = Field(default=64, ge=1, le=10_000)
+    sample_limit: int = Field(default=0, ge=0, description="0 = unlimited; above it the scrape fails")
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> ScrapeConfig:
+        if self.interval <= 0:
+            raise ValueError("interval must be positive")
+        if not 0 < self.timeout <= self.interval:
+            raise ValueError(
+                f"timeout ({format_duration(self.timeout)}) must be positive and not longer than "
+                f"interval ({format_duration(self.interval)})"
+            )
+        return self
+
+
+class NvmlConfig(_Model):
+    enabled: Literal["auto", "true", "false"] | bool = "auto"
+    interval: Duration = 15.0
+
+    @property
+    def mode(self) -> str:
+        return str(self.enabled).lower()
+
+
+class ServerConfig(_Model):
+    listen: str = "127.0.0.1:9400"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"not host:port: {v!r}")
+        return v
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class RulesConfig(_Model):
+    files: list[str] = Field(default_factory=list)
+
+
+class StateConfig(_Model):
+    path: str = "sre-agent.db"
+
+
+class StoreConfig(_Model):
+    retention: Duration = 3600.0
+    keep: list[str] = Field(default_factory=list, description="metric families to store besides the defaults")
+    keep_all: bool = False
+
+    @field_validator("retention")
+    @classmethod
+    def _at_least_an_hour(cls, v: float) -> float:
+        if v < 3600:
+            raise ValueError("retention must be at least 1h (rules look back up to an hour)")
+        return v
+
+
+class LogConfig(_Model):
+    format: Literal["console", "json"] = "console"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(_Model):
+    """Everything the daemon needs; build it with :func:`load_config`."""
+
+    targets: list[TargetConfig] = Field(default_factory=lambda: [TargetConfig(url=DEFAULT_TARGET)])
+    file_sd: list[FileSDConfig] = Field(default_factory=list)
+    scrape: ScrapeConfig = ScrapeConfig()
+    nvml: NvmlConfig = NvmlConfig()
+    server: ServerConfig = ServerConfig()
+    rules: RulesConfig = RulesConfig()
+    state: StateConfig = StateConfig()
+    store: StoreConfig = StoreConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> Config:
+        seen: set[str] = set()
+        for i, t in enumerate(self.targets):
+            if t.url in seen:
+                raise ValueError(f"targets[{i}].url: duplicate target {t.url!r}")
+            seen.add(t.url)
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration as plain data, secrets shown as ``**********``."""
+        return self.model_dump(mode="json")
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a YAML config file (``None``: the defaults).
+
+    ``environ`` is the environment to resolve ``*_env`` secrets from; the caller
+    passes ``os.environ`` — nothing else in the agent reads the environment.
+    """
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys (targets, scrape, ...)")
+    try:
+        return Config.model_validate(data, context={"environ": dict(environ or {})})
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, data)) from exc
+
+
+def _format_errors(exc: ValidationError, data: Any) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = _loc_path(err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _suggest(err["loc"], data)
+        elif err["type"] not in ("value_error", "assertion_error") and "input" in err:
+            msg = f"{msg}: {err['input']!r}" if not isinstance(err["input"], dict) else msg
+        lines.append(f"{path}: {msg}" if path else msg)
+    return lines
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _suggest(loc: tuple[int | str, ...], data: Any) -> str:
+    """"(did you mean 'interval'?)" for a misspelt key."""
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        inner = getattr(ann, "__args__", (ann,))[0] if getattr(ann, "__origin__", None) is list else ann
+        model = inner if isinstance(inner, type) and issubclass(inner, BaseModel) else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,182 @@
+"""Wiring: builds store, sources and HTTP server from the :class:`Config` and runs the jobs.
+
+Jobs run on APScheduler's ``AsyncIOScheduler`` (DESIGN.md decision 10): the scrape
+cycle every ``scrape.interval``, the NVML poll every ``nvml.interval`` (in a worker
+thread, since NVML calls block), and store retention every minute. Everything the
+outside world touches (clock, NVML module, hostname) is passed in so tests can swap
+it. ``stop()`` is what SIGTERM triggers: jobs stop, series are left as they are,
+the HTTP server and sessions close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from agent import catalog
+from agent.config import Config
+from agent.discovery import FileSD, all_targets
+from agent.nvml import NvmlSource
+from agent.scrape import Scraper
+from agent.series import Sample
+from agent.server import build_app, serve
+from agent.store import KeepList, RoundWriter, Store
+from agent.telemetry import AgentCollector, build_registry
+
+__all__ = ["Agent", "keep_list"]
+
+log = structlog.get_logger(__name__)
+
+_GC_INTERVAL_S = 60.0
+
+
+def keep_list(config: Config) -> KeepList:
+    """The families to store: the catalog's health families plus ``store.keep``
+    (later also every name a loaded rule references)."""
+    if config.store.keep_all:
+        return KeepList(None)
+    return KeepList(catalog.default_keep_families() | frozenset(config.store.keep))
+
+
+@dataclass
+class _Stats:
+    scrape_cycles: int = 0
+    last_cycle_seconds: float = 0.0
+    nvml_available: bool = False
+
+
+class Agent:
+    """One agent process: sources -> store, plus the HTTP endpoint."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.time,
+        nvml_module: types.ModuleType | None = None,
+        hostname: str | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self.store = Store(int(config.store.retention * 1000), keep_list(config))
+        sc = config.scrape
+        self.scraper = Scraper(
+            self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
+            sample_limit=sc.sample_limit, clock=clock,
+        )
+        self.file_sd = FileSD(config.file_sd, time.monotonic) if config.file_sd else None
+        self.nvml: NvmlSource | None = None
+        if config.nvml.mode != "false":
+            self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
+        self._nvml_writer = RoundWriter(self.store)
+        self._nvml_started = False
+        self._nvml_samples: list[Sample] = []
+        self.stats = _Stats()
+        self.registry = build_registry(AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats))
+        self._scheduler: AsyncIOScheduler | None = None
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    # -- state for the HTTP layer -------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.stats.scrape_cycles > 0
+
+    def targets_json(self) -> list[dict[str, Any]]:
+        return self.scraper.targets_json()
+
+    def status_json(self) -> dict[str, Any]:
+        nv = self.nvml
+        return {
+            "config": self.config.redacted(),
+            "store": self.store.stats(),
+            "nvml": {
+                "enabled": nv is not None,
+                "available": bool(nv and nv.available),
+                "reason": nv.reason if nv else "disabled in config (nvml.enabled: false)",
+                "gpus": nv.gpus() if nv and nv.available else [],
+            },
+            "file_sd_errors": self.file_sd.errors() if self.file_sd else {},
+            "scrape_cycles": self.stats.scrape_cycles,
+        }
+
+    # -- jobs ------------------------------------------------------------------------
+    async def scrape_cycle(self) -> None:
+        t0 = time.perf_counter()
+        self.scraper.set_targets(all_targets(self.config, self.file_sd))
+        await self.scraper.scrape_all()
+        self.stats.last_cycle_seconds = time.perf_counter() - t0
+        self.stats.scrape_cycles += 1
+
+    async def poll_nvml(self) -> None:
+        nv = self.nvml
+        if nv is None:
+            return
+        if not self._nvml_started:
+            self._nvml_started = True
+            ok = await asyncio.to_thread(nv.start)
+            self.stats.nvml_available = ok
+            if not ok:
+                level = log.error if self.config.nvml.mode == "true" else log.warning
+                level("GPU metrics unavailable; continuing without them", reason=nv.reason)
+        now_ms = int(self._clock() * 1000)
+        samples = await asyncio.to_thread(nv.poll, now_ms)
+        self._nvml_samples = samples
+        self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
+
+    def gc(self) -> None:
+        dropped = self.store.gc(int(self._clock() * 1000))
+        if dropped:
+            log.debug("retention applied", samples_dropped=dropped)
+
+    async def collect_once(self) -> None:
+        """One scrape cycle and one NVML poll (``run --once``)."""
+        await asyncio.gather(self.scrape_cycle(), self.poll_nvml())
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self, *, serve_http: bool = True) -> None:
+        cfg = self.config
+        if serve_http:
+            self._runner, self.port = await serve(build_app(self), cfg.server.host, cfg.server.port)
+            log.info("serving", listen=f"{cfg.server.host}:{self.port}")
+        sched = AsyncIOScheduler()
+        first = datetime.now(UTC)  # run immediately, then every interval
+        sched.add_job(self.scrape_cycle, "interval", seconds=cfg.scrape.interval, id="scrape",
+                      max_instances=1, coalesce=True, next_run_time=first)
+        if self.nvml is not None:
+            sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
+                          max_instances=1, coalesce=True, next_run_time=first)
+        sched.add_job(self.gc, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
+        sched.start()
+        self._scheduler = sched
+        log.info("agent started", targets=len(cfg.targets), file_sd=len(cfg.file_sd),
+                 scrape_interval=cfg.scrape.interval, nvml=cfg.nvml.mode)
+
+    async def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        await self.scraper.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self.nvml is not None:
+            await asyncio.to_thread(self.nvml.shutdown)
+        log.info("agent stopped")
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

@@ -1,0 +1,80 @@
+"""The agent's HTTP endpoint: its own ``/metrics``, health probes and a JSON API.
+
+``/healthz`` answers 200 while the event loop runs (liveness); ``/readyz`` answers
+200 once the first scrape cycle has finished (readiness), so a Kubernetes Service
+does not route to an agent that has no data yet. JSON endpoints use Prometheus' API
+envelope ``{"status": "success", "data": ...}`` so tools that read Prometheus' API
+read ours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+__all__ = ["AgentView", "build_app", "serve"]
+
+
+class AgentView(Protocol):
+    """The read-only view of the daemon that the HTTP layer needs."""
+
+    registry: CollectorRegistry
+
+    @property
+    def ready(self) -> bool: ...
+
+    def targets_json(self) -> list[dict[str, Any]]: ...
+
+    def status_json(self) -> dict[str, Any]: ...
+
+
+def _ok(data: Any) -> web.Response:
+    return web.json_response({"status": "success", "data": data})
+
+
+def build_app(agent: AgentView) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(agent.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if agent.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: first scrape cycle has not finished\n")
+
+    async def targets(_: web.Request) -> web.Response:
+        return _ok({"targets": agent.targets_json()})
+
+    async def status(_: web.Request) -> web.Response:
+        return _ok(agent.status_json())
+
+    async def index(_: web.Request) -> web.Response:
+        return web.Response(
+            text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/status\n"
+        )
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/v1/targets", targets)
+    app.router.add_get("/api/v1/status", status)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (to clean up) and the bound port (for port 0)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the bound port
+    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets else port
+    return runner, int(bound)

@@ -1,0 +1,148 @@
+"""Tests for agent.config: validation names the key path and the bad value; secrets stay secret."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import DEFAULT_TARGET, format_duration, load_config, parse_duration, parse_size
+from agent.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "agent.yaml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def _errors(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text), env or {})
+    return info.value.errors
+
+
+def test_defaults_scrape_vllm_default_port() -> None:
+    """With no config file the agent scrapes vLLM's default port, NVML auto, API on 127.0.0.1:9400."""
+    cfg = load_config(None)
+    assert [t.url for t in cfg.targets] == [DEFAULT_TARGET] == ["http://127.0.0.1:8000/metrics"]
+    assert cfg.nvml.mode == "auto"
+    assert cfg.server.listen == "127.0.0.1:9400"
+    assert cfg.scrape.body_limit == 16 * 2**20
+    assert cfg.store.retention == 3600
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("15s", 15), ("5m", 300), ("1h30m", 5400), ("100ms", 0.1), ("1d", 86400), ("2w", 14 * 86400), ("0", 0)],
+)
+def test_prometheus_durations(text: str, seconds: float) -> None:
+    """Durations are parsed the Prometheus way."""
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["15", "5 m", "1.5h", "m", "", "15S", 15])
+def test_bad_durations_rejected(bad: object) -> None:
+    """A duration without a Prometheus unit is an error that shows the value."""
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(bad)
+
+
+def test_format_duration_round_trips() -> None:
+    """format_duration prints what parse_duration reads back."""
+    for s in (0.1, 15, 90, 3600, 5400, 86400 + 61):
+        assert parse_duration(format_duration(s)) == pytest.approx(s)
+
+
+def test_sizes() -> None:
+    """Sizes accept IEC and SI units and plain bytes."""
+    assert parse_size("16MiB") == 16 * 2**20
+    assert parse_size("1GB") == 10**9
+    assert parse_size(512) == 512
+    with pytest.raises(ValueError, match="size"):
+        parse_size("lots")
+
+
+def test_every_error_named_by_key_path(tmp_path: Path) -> None:
+    """All errors are reported at once, each with its key path and bad value."""
+    errs = _errors(tmp_path, """
+targets:
+  - url: http://a:8000/metrics
+  - url: http://b:8000/metrics
+  - url: not-a-url
+scrape: {intervall: 5s}
+nvml: {interval: 15}
+store: {retention: 10m}
+server: {listen: nowhere}
+""")
+    joined = "\n".join(errs)
+    assert "targets[2].url: not a URL: 'not-a-url'" in joined
+    assert "scrape.intervall: unknown key (did you mean 'interval'?)" in joined
+    assert "nvml.interval: a duration needs a unit" in joined and "15" in joined
+    assert "store.retention: retention must be at least 1h" in joined
+    assert "server.listen: not host:port: 'nowhere'" in joined
+    assert len(errs) == 5
+
+
+def test_timeout_longer_than_interval_rejected(tmp_path: Path) -> None:
+    """A scrape timeout longer than the interval is refused (scrapes would overlap)."""
+    errs = _errors(tmp_path, "scrape: {interval: 5s, timeout: 20s}\n")
+    assert any(e.startswith("scrape:") and "timeout (20s)" in e and "interval (5s)" in e for e in errs)
+
+
+def test_duplicate_targets_rejected(tmp_path: Path) -> None:
+    """The same URL twice is a config error naming the second entry."""
+    errs = _errors(tmp_path, "targets: [{url: 'http://a:1/metrics'}, {url: 'http://a:1/metrics'}]\n")
+    assert any("targets[1].url: duplicate target" in e for e in errs)
+
+
+def test_inline_secret_refused(tmp_path: Path) -> None:
+    """An inline secret is refused with a hint to use a file or env var."""
+    errs = _errors(tmp_path, "targets: [{url: 'http://a:1/metrics', bearer_token: hunter2}]\n")
+    assert any("bearer_token_file" in e and "bearer_token_env" in e for e in errs)
+    assert not any("hunter2" in e for e in errs)
+
+
+def test_secret_from_env_is_redacted(tmp_path: Path) -> None:
+    """A secret read from the environment is usable but prints redacted."""
+    cfg = load_config(
+        _write(tmp_path, "targets: [{url: 'http://a:1/metrics', bearer_token_env: VLLM_TOKEN}]\n"),
+        {"VLLM_TOKEN": "s3cr3t"},
+    )
+    tok = cfg.targets[0].bearer_token
+    assert tok is not None and tok.get_secret_value() == "s3cr3t"
+    dumped = str(cfg.redacted()) + repr(cfg)
+    assert "s3cr3t" not in dumped and "**********" in str(cfg.redacted())
+
+
+def test_secret_from_file(tmp_path: Path) -> None:
+    """A secret file is read and stripped of its trailing newline."""
+    (tmp_path / "tok").write_text("abc\n", encoding="utf-8")
+    cfg = load_config(_write(tmp_path, f"targets: [{{url: 'http://a:1/metrics', bearer_token_file: '{tmp_path / 'tok'}'}}]\n"))
+    assert cfg.targets[0].bearer_token is not None
+    assert cfg.targets[0].bearer_token.get_secret_value() == "abc"
+
+
+def test_missing_secret_env_named(tmp_path: Path) -> None:
+    """A secret env var that is not set is an error naming the variable and the target."""
+    errs = _errors(tmp_path, "targets: [{url: 'http://a:1/metrics', bearer_token_env: NOPE}]\n")
+    assert errs == ["targets[0]: bearer_token_env: environment variable 'NOPE' is not set"]
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    """A missing file and broken YAML are ConfigErrors that name the file."""
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "targets: [\n"))
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(_write(tmp_path, "- a\n- b\n"))
+
+
+def test_redacted_config_round_trips(tmp_path: Path) -> None:
+    """The effective config printed by `check` loads again to the same config."""
+    import yaml
+
+    cfg = load_config(_write(tmp_path, "scrape: {interval: 30s, timeout: 10s, body_limit: 1MiB}\n"))
+    again = load_config(_write(tmp_path, yaml.safe_dump(cfg.redacted())))
+    assert again == cfg
