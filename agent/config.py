@@ -26,8 +26,8 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    PlainSerializer,
     Field,
+    PlainSerializer,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -101,7 +101,7 @@ def parse_size(value: object) -> int:
 
 
 Duration = Annotated[
-    float, BeforeValidator(parse_duration), PlainSerializer(lambda s: format_duration(s), when_used="json")
+    float, BeforeValidator(parse_duration), PlainSerializer(format_duration, when_used="json")
 ]
 ByteSize = Annotated[int, BeforeValidator(parse_size)]
 
@@ -209,7 +209,7 @@ class ServerConfig(_Model):
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
+        _, sep, port = v.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"not host:port: {v!r}")
         return v
@@ -297,16 +297,16 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     try:
         return Config.model_validate(data, context={"environ": dict(environ or {})})
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, data)) from exc
+        raise ConfigError(_format_errors(exc)) from exc
 
 
-def _format_errors(exc: ValidationError, data: Any) -> list[str]:
+def _format_errors(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         path = _loc_path(err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key" + _suggest(err["loc"], data)
+            msg = "unknown key" + _suggest(err["loc"])
         elif err["type"] not in ("value_error", "assertion_error") and "input" in err:
             msg = f"{msg}: {err['input']!r}" if not isinstance(err["input"], dict) else msg
         lines.append(f"{path}: {msg}" if path else msg)
@@ -320,16 +320,17 @@ def _loc_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _suggest(loc: tuple[int | str, ...], data: Any) -> str:
+def _suggest(loc: tuple[int | str, ...]) -> str:
     """"(did you mean 'interval'?)" for a misspelt key."""
-    model: type[BaseModel] | None = Config
+    model: Any = Config
     for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
+        if isinstance(part, int):
             continue
-        field = model.model_fields.get(str(part))
-        ann = field.annotation if field else None
-        inner = getattr(ann, "__args__", (ann,))[0] if getattr(ann, "__origin__", None) is list else ann
-        model = inner if isinstance(inner, type) and issubclass(inner, BaseModel) else None
+        field = model.model_fields.get(str(part)) if model is not None else None
+        ann: Any = field.annotation if field else None
+        if getattr(ann, "__origin__", None) is list:
+            ann = ann.__args__[0]
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
     if model is None:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)

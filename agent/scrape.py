@@ -35,7 +35,7 @@ from agent import __version__
 from agent.discovery import TargetSpec
 from agent.errors import ExpositionError, ScrapeError
 from agent.exposition import Scanner, content_type_is_openmetrics
-from agent.series import METRIC_NAME, STALE_NAN, Labels
+from agent.series import METRIC_NAME, Labels
 from agent.store import AppendResult, Series, Store
 
 __all__ = ["ACCEPT_HEADER", "Scraper", "Target"]
@@ -240,7 +240,7 @@ class Scraper:
                 store.note_rejected(result)
         gone = [k for k, e in target.cache.items() if e[1] != it]
         for key in gone:
-            target.cache.pop(key)[0].append(now_ms, STALE_NAN)
+            target.cache.pop(key)[0].mark_stale(now_ms)
         target.health, target.last_error = "up", ""
         target.samples, target.stored = parsed.samples_total, len(parsed.rows)
         self._finish(target, now_ms, duration, body_bytes, up=1.0)
@@ -270,11 +270,11 @@ class Scraper:
 
     def _mark_stale(self, target: Target, now_ms: int, *, synthetic: bool) -> None:
         for entry in target.cache.values():
-            entry[0].append(now_ms, STALE_NAN)
+            entry[0].mark_stale(now_ms)
         target.cache.clear()
         if synthetic:
             for name in ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_body_size_bytes"):
-                self._synthetic(target, name).append(now_ms, STALE_NAN)
+                self._synthetic(target, name).mark_stale(now_ms)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

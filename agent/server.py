@@ -75,6 +75,5 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the bound port
-    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets else port
+    bound = runner.addresses[0][1] if runner.addresses else port
     return runner, int(bound)

@@ -17,6 +17,7 @@ value is rejected ("duplicate"), the same value again is accepted silently.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from bisect import bisect_left, bisect_right
@@ -29,9 +30,9 @@ from agent.series import METRIC_NAME, STALE_NAN, Labels, is_stale
 
 __all__ = [
     "AppendResult",
-    "RoundWriter",
     "KeepList",
     "Matcher",
+    "RoundWriter",
     "Series",
     "SeriesView",
     "Store",
@@ -66,11 +67,18 @@ class Series:
                 return AppendResult.OUT_OF_ORDER
             if ts_ms == last:
                 prev = self.vals[-1]
-                same = prev == value or (prev != prev and value != value and is_stale(prev) == is_stale(value))
+                same = prev == value or (math.isnan(prev) and math.isnan(value) and is_stale(prev) == is_stale(value))
                 return AppendResult.OK if same else AppendResult.DUPLICATE
         ts.append(ts_ms)
         self.vals.append(value)
         return AppendResult.OK
+
+    def mark_stale(self, now_ms: int) -> None:
+        """End the series with a staleness marker, just after its last sample if that is
+        at ``now_ms`` already (a target removed in the same millisecond it was scraped)."""
+        if self.vals and is_stale(self.vals[-1]):
+            return
+        self.append(max(now_ms, self.ts[-1] + 1) if self.ts else now_ms, STALE_NAN)
 
     def window(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """Index range ``[i, j)`` of samples with ``start_ms <= t <= end_ms``."""
@@ -289,7 +297,7 @@ class RoundWriter:
                 self._store.append(labels, ts, value)
                 seen.add(labels)
         for labels in self._last - seen:
-            self._store.append(labels, now_ms, STALE_NAN)
+            self._store.series(labels).mark_stale(now_ms)
         self._last = seen
         return len(seen)
 

@@ -118,7 +118,8 @@ def test_secret_from_env_is_redacted(tmp_path: Path) -> None:
 def test_secret_from_file(tmp_path: Path) -> None:
     """A secret file is read and stripped of its trailing newline."""
     (tmp_path / "tok").write_text("abc\n", encoding="utf-8")
-    cfg = load_config(_write(tmp_path, f"targets: [{{url: 'http://a:1/metrics', bearer_token_file: '{tmp_path / 'tok'}'}}]\n"))
+    text = f"targets: [{{url: 'http://a:1/metrics', bearer_token_file: '{tmp_path / 'tok'}'}}]\n"
+    cfg = load_config(_write(tmp_path, text))
     assert cfg.targets[0].bearer_token is not None
     assert cfg.targets[0].bearer_token.get_secret_value() == "abc"
 

@@ -1,0 +1,44 @@
+"""Shared test helpers: where the shared conformance data lives, and real local HTTP servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+SHARED = REPO.parent / "shared"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, skipping the test when a user's clone has no ../shared."""
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p.relative_to(SHARED.parent)} not present (conformance data lives beside the repo in CI)")
+    return p
+
+
+@pytest.fixture
+async def http_server() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    """Start real aiohttp servers on 127.0.0.1 (port 0); returns each one's /metrics URL."""
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/metrics", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}/metrics"
+
+    yield start
+    for r in runners:
+        await r.cleanup()

@@ -1,0 +1,127 @@
+"""Tests for agent.cli, run as real processes where the process boundary matters
+(exit codes, stdout JSON, SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+PY = sys.executable
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "agent", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "NO_COLOR": "1"}, check=False)
+
+
+@pytest.fixture
+def simulator() -> Iterator[list[str]]:
+    """A real `sre-agent simulate` process on free ports; yields its target URLs."""
+    proc = subprocess.Popen([PY, "-m", "agent", "simulate", "--port", "0", "--replicas", "2", "--lmdeploy", "0",
+                             "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    urls = [proc.stdout.readline().strip() for _ in range(2)]
+    assert all(u.startswith("http://127.0.0.1:") for u in urls), urls
+    yield urls
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_help_explains_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help lists every command with a one-line explanation."""
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    for cmd in ("run", "check", "simulate", "demo"):
+        assert cmd in out
+    assert "sre-agent demo" in out
+
+
+def test_check_prints_effective_config_redacted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """check prints the config with defaults and redacted secrets, exit 0."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text("targets: [{url: 'http://h:8000/metrics', bearer_token_env: TOK}]\n")
+    monkeypatch.setenv("TOK", "very-secret")
+    assert main(["check", "--config", str(cfg), "--json"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert data["targets"][0]["bearer_token"] == "**********"
+    assert data["scrape"]["interval"] == "15s"
+    assert "very-secret" not in out
+
+
+def test_check_bad_config_exits_2_with_key_paths(tmp_path: Path) -> None:
+    """A bad config exits 2 and prints one line per error with its key path."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text("targets: [{url: nope}]\nscrape: {interval: fast}\n")
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 2
+    assert "config error: targets[0].url: not a URL: 'nope'" in res.stderr
+    assert "config error: scrape.interval: not a duration: 'fast'" in res.stderr
+
+
+def test_run_once_prints_targets_json(tmp_path: Path, simulator: list[str]) -> None:
+    """run --once scrapes once and prints {targets, alerts} JSON; a dead target is down, exit 0."""
+    cfg = tmp_path / "a.yaml"
+    dead = "http://127.0.0.1:1/metrics"
+    cfg.write_text(json.dumps({"targets": [{"url": u} for u in [*simulator, dead]],
+                               "nvml": {"enabled": "false"}, "log": {"level": "error"}}))
+    res = _cli("run", "--config", str(cfg), "--once")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["alerts"] == []
+    by_url = {t["url"]: t for t in doc["targets"]}
+    assert [by_url[u]["health"] for u in simulator] == ["up", "up"]
+    assert all(by_url[u]["samples"] > 100 and by_url[u]["last_error"] == "" for u in simulator)
+    assert by_url[dead]["health"] == "down" and "connection failed" in by_url[dead]["last_error"]
+    assert set(by_url[dead]) >= {"url", "job", "instance", "health", "last_error", "samples"}
+
+
+def test_run_once_bad_config_exits_2(tmp_path: Path) -> None:
+    """run --once with a bad config exits 2 without scraping anything."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text("scrape: {timeout: 1m}\n")
+    res = _cli("run", "--config", str(cfg), "--once")
+    assert res.returncode == 2 and "timeout (1m)" in res.stderr and res.stdout == ""
+
+
+def test_sigterm_shuts_down_cleanly(tmp_path: Path, simulator: list[str]) -> None:
+    """The daemon serves /readyz after its first cycle and exits 0 on SIGTERM."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(json.dumps({"targets": [{"url": u} for u in simulator], "server": {"listen": "127.0.0.1:0"},
+                               "nvml": {"enabled": "false"}, "scrape": {"interval": "1s", "timeout": "1s"},
+                               "log": {"format": "json", "level": "info"}}))
+    proc = subprocess.Popen([PY, "-m", "agent", "run", "--config", str(cfg)], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    port = None
+    deadline = time.monotonic() + 30
+    while port is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if '"serving"' in line:
+            port = int(json.loads(line)["listen"].rsplit(":", 1)[1])
+    assert port, "daemon never logged its listen address"
+    for _ in range(100):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=20) == 0
+    assert '"agent stopped"' in rest

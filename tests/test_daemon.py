@@ -1,0 +1,137 @@
+"""Tests for agent.daemon and agent.server: the wired agent against a simulated fleet and a fake NVML."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.config import Config
+from agent.daemon import Agent, keep_list
+from agent.simulate.server import Fleet, FleetConfig
+from agent.store import Matcher
+
+from .fake_pynvml import FakeGpu, FakeNvml
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    f = Fleet(FleetConfig(replicas=2, lmdeploy_replicas=1, base_port=0, control_port=0, step_s=0.2, speed=5))
+    await f.start()
+    await asyncio.sleep(0.5)  # a few model steps so counters move
+    yield f
+    await f.stop()
+
+
+def _config(fleet: Fleet, **extra: object) -> Config:
+    targets = [{"url": u, "job": "lmdeploy" if i == 2 else "vllm"} for i, u in enumerate(fleet.targets)]
+    return Config.model_validate({"targets": targets, "server": {"listen": "127.0.0.1:0"},
+                                  "scrape": {"interval": "1s", "timeout": "1s"}, **extra})
+
+
+async def test_collect_once_scrapes_fleet_and_gpus(fleet: Fleet) -> None:
+    """One collection stores vLLM, LMDeploy and NVML series; the agent's /metrics re-exports GPUs."""
+    agent = Agent(_config(fleet), nvml_module=FakeNvml([FakeGpu(), FakeGpu()]).module, hostname="node-1")
+    await agent.collect_once()
+    try:
+        assert [t["health"] for t in agent.targets_json()] == ["up", "up", "up"]
+        st = agent.store
+        assert len(list(st.iter_series([Matcher("__name__", "=", "vllm:num_requests_running")]))) == 2
+        assert list(st.iter_series([Matcher("__name__", "=", "lmdeploy:num_requests_waiting")]))
+        fb = list(st.iter_series([Matcher("__name__", "=", "DCGM_FI_DEV_FB_USED")]))
+        assert sorted(dict(s.labels)["gpu"] for s in fb) == ["0", "1"]
+        assert {dict(s.labels)["Hostname"] for s in fb} == {"node-1"}
+        assert not list(st.iter_series([Matcher("__name__", "=", "python_gc_objects_collected_total")]))
+        from prometheus_client.exposition import generate_latest
+
+        fams = {f.name: f for f in text_string_to_metric_families(generate_latest(agent.registry).decode())}
+        assert {s.value for s in fams["sre_agent_target_up"].samples} == {1.0}
+        assert len(fams["DCGM_FI_DEV_FB_USED"].samples) == 2
+        assert agent.status_json()["nvml"]["available"] is True
+    finally:
+        await agent.stop()
+
+
+async def test_missing_nvml_library_is_not_fatal(fleet: Fleet) -> None:
+    """Without the NVML library the agent still scrapes and reports why GPUs are missing."""
+    agent = Agent(_config(fleet), nvml_module=FakeNvml(library_missing=True).module, hostname="n")
+    await agent.collect_once()
+    try:
+        assert all(t["health"] == "up" for t in agent.targets_json())
+        nv = agent.status_json()["nvml"]
+        assert nv["available"] is False and "not found" in nv["reason"].lower()
+    finally:
+        await agent.stop()
+
+
+async def test_nvml_disabled_in_config(fleet: Fleet) -> None:
+    """nvml.enabled: false never touches NVML."""
+    fake = FakeNvml()
+    agent = Agent(_config(fleet, nvml={"enabled": False}), nvml_module=fake.module)
+    await agent.collect_once()
+    await agent.stop()
+    assert agent.nvml is None and fake.initialized == 0 and not fake.calls
+
+
+async def test_http_endpoints(fleet: Fleet) -> None:
+    """The running daemon serves /healthz, /readyz after the first cycle, /metrics and /api/v1/targets."""
+    agent = Agent(_config(fleet), nvml_module=FakeNvml().module, hostname="n")
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as r:
+                assert r.status == 200
+            for _ in range(100):
+                async with http.get(f"{base}/readyz") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.05)
+            assert r.status == 200
+            async with http.get(f"{base}/api/v1/targets") as r:
+                body = await r.json()
+            assert body["status"] == "success"
+            targets = body["data"]["targets"]
+            assert {t["url"] for t in targets} == set(fleet.targets)
+            assert all(set(t) >= {"url", "job", "instance", "health", "last_error", "samples"} for t in targets)
+            async with http.get(f"{base}/metrics") as r:
+                assert r.headers["Content-Type"].startswith("text/plain")
+                text = await r.text()
+            assert "sre_agent_build_info" in text and "sre_agent_store_series" in text
+            async with http.get(f"{base}/api/v1/status") as r:
+                status = (await r.json())["data"]
+            assert status["config"]["server"]["listen"] == "127.0.0.1:0"
+    finally:
+        await agent.stop()
+
+
+async def test_scheduler_keeps_scraping_and_survives_a_dead_target(fleet: Fleet) -> None:
+    """Scheduled cycles go on; a dead target is down while the others stay up."""
+    cfg = _config(fleet)
+    cfg = cfg.model_copy(update={"targets": [*cfg.targets, cfg.targets[0].model_copy(
+        update={"url": "http://127.0.0.1:1/metrics"})]})
+    agent = Agent(cfg, nvml_module=FakeNvml().module, hostname="n")
+    await agent.start(serve_http=False)
+    try:
+        for _ in range(100):
+            if agent.stats.scrape_cycles >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert agent.stats.scrape_cycles >= 2
+        health = {t["url"]: t["health"] for t in agent.targets_json()}
+        assert health.pop("http://127.0.0.1:1/metrics") == "down"
+        assert set(health.values()) == {"up"}
+    finally:
+        await agent.stop()
+
+
+def test_keep_list_defaults_and_extras() -> None:
+    """The default keep-list has the vLLM health families; store.keep adds; keep_all keeps all."""
+    keep = keep_list(Config.model_validate({"store": {"keep": ["my_metric"]}}))
+    assert "vllm:kv_cache_usage_perc" in keep and "vllm:gpu_cache_usage_perc" in keep
+    assert "vllm:time_to_first_token_seconds_bucket" in keep and "DCGM_FI_DEV_FB_USED" in keep
+    assert "my_metric" in keep and "python_info" not in keep
+    assert keep_list(Config.model_validate({"store": {"keep_all": True}})).keeps_all
