@@ -2,7 +2,7 @@
 
 Why the agent has its own parser: ingest is the one loop that runs for every sample of
 every target, and the agent stores only the series its rules read (DESIGN.md decision 3).
-``prometheus_client.parser`` walks label values character by character (10-20 µs a
+``prometheus_client.parser`` walks label values character by character (over 10 µs a
 sample) and is laxer than Prometheus (it accepts ``\\t`` escapes, CRLF values, blank
 timestamps), so it is neither fast enough nor a faithful judge of what Prometheus would
 reject. This module follows the Go text parser (prometheus/common ``expfmt.TextParser``)
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from operator import length_hint
 
@@ -116,6 +116,16 @@ _HISTOGRAMS = frozenset({"histogram", "gaugehistogram"})
 #: histogram family.
 _GO_SUFFIXES = ("_count", "_sum", "_bucket")
 _BLANK_OR_EMPTY = ("", " ", "\t")
+#: Sample names a freshly typed text-format family uses, with whether Go rejects negative
+#: values on them (histogram buckets and counts are unsigned integers there).
+_EXPECTED: dict[str, tuple[tuple[str, bool], ...]] = {
+    "counter": (("", False),),
+    "gauge": (("", False),),
+    "untyped": (("", False),),
+    "summary": (("", False), ("_count", False), ("_sum", False)),
+    "histogram": (("_bucket", True), ("_count", True), ("_sum", False)),
+    "gaugehistogram": (("_bucket", True), ("_count", True), ("_sum", False)),
+}
 
 #: OpenMetrics sample-name suffixes per family type.
 _OM_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -193,12 +203,17 @@ class Scanner:
     """
 
     def __init__(self, wants: Container[str] | None = None, *, openmetrics: bool = False) -> None:
-        self._wants = wants
+        # A dict (such as the store's KeepList, which fills itself in __missing__) is asked
+        # with a C-level __getitem__ instead of a Python-level __contains__: this runs per name.
+        self._wants: Callable[[str], bool] | None = (
+            None if wants is None else wants.__getitem__ if isinstance(wants, dict) else wants.__contains__
+        )
         self._om = openmetrics
         self.samples_total = 0
         self.types: dict[str, str] = {}
         self.helps: dict[str, str] = {}
         self.units: dict[str, str] = {}
+        self._scanned = False
         self._lines: list[str] = []
         self._it: Iterator[str] | None = None
         # Text format: the Go parser's metric families (created by HELP, TYPE or a sample),
@@ -218,6 +233,9 @@ class Scanner:
         Raises :class:`ExpositionError` (with the 1-based line) on malformed input; a
         body that is cut short is reported before anything is yielded.
         """
+        if self._scanned:
+            raise RuntimeError("a Scanner holds one payload's state: create one per scrape")
+        self._scanned = True
         return self._scan_om(text) if self._om else self._scan_text(text)
 
     def labels_of(self, series_text: str) -> tuple[str, dict[str, str]]:
@@ -262,13 +280,15 @@ class Scanner:
                         other += 1
                         # Inline fast paths for the usual metadata of a new family; anything
                         # else (and every error) goes through _text_comment.
-                        if line.startswith("# TYPE "):
+                        tag = line[:7]
+                        if tag == "# TYPE ":
                             name, _, meta = line[7:].partition(" ")
                             kind = text_types.get(meta)
                             if kind and name in families and name not in types and name not in names:
                                 types[name] = kind
+                                self._expect_samples(name, kind)
                                 continue
-                        elif line.startswith("# HELP "):
+                        elif tag == "# HELP ":
                             name, _, meta = line[7:].partition(" ")
                             if (
                                 meta[:1] not in _BLANK_OR_EMPTY
@@ -368,7 +388,16 @@ class Scanner:
             else:
                 families[name] = None
         wants = self._wants
-        return wants is None or name in wants, nonneg
+        return wants is None or wants(name), nonneg
+
+    def _expect_samples(self, family: str, kind: str) -> None:
+        """Just typed: file the sample names the family will use now, as _text_new_name
+        would at their first line (one call here instead of a slow first line each)."""
+        names, families, wants = self._names, self._families, self._wants
+        for suffix, nonneg in _EXPECTED[kind]:
+            name = family + suffix
+            if name not in names and (not suffix or name not in families):
+                names[name] = (wants is None or wants(name), nonneg)
 
     def _resolve_text(self, name: str, create: bool) -> str:
         """The family a name belongs to, by the Go parser's rule: an existing family of
@@ -416,7 +445,8 @@ class Scanner:
             self.helps[family] = _unescape_strict(value, "HELP text") if "\\" in value else value
             return
         # A family still without a type can only have had samples of its exact name (a
-        # _sum/_count/_bucket goes to its base family only once that is typed).
+        # _sum/_count/_bucket goes to its base family only once that is typed; the names
+        # _expect_samples files ahead belong to typed families).
         if family in self.types or family in self._names:
             raise _Malformed(f"second TYPE line for metric name {family!r}, or TYPE reported after samples")
         kind = _TEXT_TYPES.get(value) or _TEXT_TYPES.get(value.lower())
@@ -496,7 +526,7 @@ class Scanner:
         self._om_cur_sampled = True
         rules = _OM_RULES.get((self._om_type(family), name[len(family) :]), 0)
         wants = self._wants
-        return wants is None or name in wants, rules
+        return wants is None or wants(name), rules
 
     def _om_type(self, family: str) -> str:
         return self.types.get(family, "unknown")
@@ -719,7 +749,7 @@ def _parse_series(text: str, om: bool) -> tuple[str, list[tuple[str, str]]]:
         raise _Malformed(f"invalid metric name or text after it: {text[:60]!r}")
     pairs, end = _parse_labelset(text, at, om)
     if end != len(text):
-        raise _Malformed(f"unexpected text after the label set: {text[end:end + 40]!r}")
+        raise _Malformed(f"unexpected text after the label set: {text[end : end + 40]!r}")
     if not text.isascii():
         try:
             text.encode("utf-8")
@@ -746,7 +776,7 @@ def _parse_labelset(text: str, at: int, om: bool) -> tuple[list[tuple[str, str]]
             return pairs, at + 1
         match = _LABEL_NAME_AT.match(text, at)
         if match is None:
-            raise _Malformed(f"invalid label name at {text[at:at + 30]!r}")
+            raise _Malformed(f"invalid label name at {text[at : at + 30]!r}")
         label = match.group()
         at = match.end()
         if not om:
@@ -793,9 +823,7 @@ def _om_body(text: str) -> str:
     lines = text.split("\n")
     if "# EOF" in lines:
         raise ExpositionError("text after '# EOF'", lines.index("# EOF") + 2)
-    raise ExpositionError(
-        "missing '# EOF' at the end: an OpenMetrics body must end with it (truncated?)", len(lines)
-    )
+    raise ExpositionError("missing '# EOF' at the end: an OpenMetrics body must end with it (truncated?)", len(lines))
 
 
 def _om_split(line: str, brace: int) -> tuple[str, str]:

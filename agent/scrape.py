@@ -36,7 +36,7 @@ from agent.discovery import TargetSpec
 from agent.errors import ExpositionError, ScrapeError
 from agent.exposition import Scanner, content_type_is_openmetrics
 from agent.series import METRIC_NAME, Labels
-from agent.store import AppendResult, Series, Store
+from agent.store import Series, Store
 
 __all__ = ["ACCEPT_HEADER", "Scraper", "Target"]
 
@@ -45,6 +45,7 @@ log = structlog.get_logger(__name__)
 #: Prometheus' own Accept header when OpenMetrics is disabled.
 ACCEPT_HEADER = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _CHUNK = 1 << 16
+_MAX_TS_MS, _MIN_TS_MS = 2**63 - 1, -(2**63)  # what the store's int64 timestamps hold
 
 
 @dataclass
@@ -168,6 +169,11 @@ class Scraper:
                 return
             self._commit(target, parsed, start_ms, time.perf_counter() - t0, body_bytes)
 
+    def ingest(self, target: Target, text: str, now_ms: int, *, openmetrics: bool = False) -> None:
+        """Parse and store one payload for ``target`` exactly as a scrape does after its
+        HTTP fetch (used by benchmarks and tests; raises :class:`ScrapeError`)."""
+        self._commit(target, self._parse(target, text, openmetrics), now_ms, 0.0, len(text))
+
     async def _fetch(self, target: Target) -> tuple[str, bool, int]:
         headers = {
             "Accept": ACCEPT_HEADER,
@@ -219,6 +225,8 @@ class Scraper:
                 if entry is None:
                     name, labels = scanner.labels_of(key)
                     entry = new[key] = [_target_labels(target.spec.labels, name, labels), -1]
+                if ts is not None and not _MIN_TS_MS <= ts <= _MAX_TS_MS:
+                    raise ScrapeError(f"sample timestamp out of range: {key} at {ts} ms")
                 rows.append((entry, value, ts))
         except ExpositionError as exc:
             raise ScrapeError(f"invalid exposition format: {exc}") from exc
@@ -227,20 +235,23 @@ class Scraper:
         return _Parsed(rows, new, scanner.samples_total)
 
     def _commit(self, target: Target, parsed: _Parsed, now_ms: int, duration: float, body_bytes: int) -> None:
-        store = self.store
+        store, cache = self.store, target.cache
         for key, entry in parsed.new.items():
             entry[0] = store.series(entry[0])  # labels -> the store's series, created once
-            target.cache[key] = entry
+            cache[key] = entry
         target.iteration += 1
         it = target.iteration
         for entry, value, ts in parsed.rows:
             entry[1] = it
-            result = entry[0].append(now_ms if ts is None else ts, value)
-            if result is not AppendResult.OK:
-                store.note_rejected(result)
-        gone = [k for k, e in target.cache.items() if e[1] != it]
-        for key in gone:
-            target.cache.pop(key)[0].mark_stale(now_ms)
+            series, t = entry[0], now_ms if ts is None else ts
+            stamps = series.ts
+            if stamps and t <= stamps[-1]:  # the rare case: let Series apply the TSDB rules
+                store.note_rejected(series.append(t, value))
+            else:  # the hot path, Series.append inlined
+                stamps.append(t)
+                series.vals.append(value)
+        for key in [k for k, e in cache.items() if e[1] != it]:  # gone since the last scrape
+            cache.pop(key)[0].mark_stale(now_ms)
         target.health, target.last_error = "up", ""
         target.samples, target.stored = parsed.samples_total, len(parsed.rows)
         self._finish(target, now_ms, duration, body_bytes, up=1.0)

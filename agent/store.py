@@ -140,14 +140,16 @@ class Matcher:
         return hit if self.op == "=~" else not hit
 
 
-class KeepList:
-    """Which sample names to store. ``None`` names means keep everything."""
+class KeepList(dict[str, bool]):
+    """Which sample names to store. ``None`` families means keep everything.
 
-    __slots__ = ("_cache", "_families")
+    A dict of decisions that fills itself (``__missing__``), so the parser asks it with
+    the C-level ``keep[name]`` once per name per scrape; ``name in keep`` also works.
+    """
 
     def __init__(self, families: Iterable[str] | None) -> None:
+        super().__init__()
         self._families = None if families is None else frozenset(families)
-        self._cache: dict[str, bool] = {}
 
     @property
     def keeps_all(self) -> bool:
@@ -156,15 +158,14 @@ class KeepList:
     def families(self) -> frozenset[str] | None:
         return self._families
 
-    def __contains__(self, sample_name: object) -> bool:
-        if not isinstance(sample_name, str):
-            return False
-        hit = self._cache.get(sample_name)
-        if hit is None:
-            hit = self._decide(sample_name)
-            if len(self._cache) < 100_000:  # bound the cache against name-exploding targets
-                self._cache[sample_name] = hit
+    def __missing__(self, sample_name: str) -> bool:
+        hit = self._decide(sample_name)
+        if len(self) < 100_000:  # bound the cache against name-exploding targets
+            self[sample_name] = hit
         return hit
+
+    def __contains__(self, sample_name: object) -> bool:
+        return isinstance(sample_name, str) and self[sample_name]
 
     def _decide(self, name: str) -> bool:
         fams = self._families
@@ -177,6 +178,14 @@ class KeepList:
         if self._families is None:
             return self
         return KeepList(self._families | frozenset(more))
+
+    def __repr__(self) -> str:
+        return f"KeepList({'all' if self._families is None else sorted(self._families)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeepList) and other._families == self._families
+
+    __hash__ = None
 
 
 class Store:

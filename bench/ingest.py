@@ -5,9 +5,9 @@ Run from the repository root:  python bench/ingest.py  [--quick]
 For each payload it times, per scrape of the whole payload:
   (a) prometheus_client.parser.text_string_to_metric_families, consuming every sample;
   (b) agent.exposition.parse(), the full validated parse;
-  (c) the scraper's ingest path: Scanner(wants=store.keep).scan() plus a store write through a
-      per-target series cache (series_text -> Series; a miss goes through labels_of, labels_from
-      and store.series), over repeated scrapes of the same payload with advancing timestamps
+  (c) the scraper's own ingest path (Scraper.ingest: Scanner(wants=store.keep).scan() plus a
+      store write through the per-target series cache, staleness bookkeeping and the target's
+      synthetic series), over repeated scrapes of the same payload with advancing timestamps
       (steady state: the cache is warm, which is what every scrape after the first sees),
       once with the keep-list of the vLLM families the health rules use and once keeping all.
 Throughput is payload samples (kept or skipped) per second of wall time (perf_counter); CPU time
@@ -36,9 +36,10 @@ from prometheus_client.process_collector import ProcessCollector
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agent.discovery import TargetSpec  # noqa: E402
 from agent.exposition import Scanner, parse  # noqa: E402 - after the path fix-up above
-from agent.series import labels_from  # noqa: E402
-from agent.store import KeepList, Series, Store  # noqa: E402
+from agent.scrape import Scraper, Target  # noqa: E402
+from agent.store import KeepList, Store  # noqa: E402
 
 #: The vLLM families the health rules read (both name generations).
 RULE_FAMILIES = [
@@ -173,9 +174,7 @@ def synthetic_v1(models: int, seed: int = 7) -> str:
         ]
     }
     by_source = counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ("source",))
-    success = counter(
-        "vllm:request_success", "Count of successfully processed requests.", ("finished_reason",)
-    )
+    success = counter("vllm:request_success", "Count of successfully processed requests.", ("finished_reason",))
     hists = [(histogram(name, doc, buckets), scale) for name, doc, buckets, scale in HISTOGRAMS]
     cache_info = Gauge(
         "vllm:cache_config_info",
@@ -269,24 +268,18 @@ def _best_median(fn: Callable[[], None], reps: int) -> tuple[float, float, float
 
 
 class Ingest:
-    """The scraper's write path for one target: scan, look up the series cache, append."""
+    """The scraper's own write path for one target (``Scraper.ingest``: scan, series cache,
+    append, staleness bookkeeping, the target's synthetic series), without the HTTP fetch."""
 
     def __init__(self, keep: KeepList) -> None:
-        self.store = Store(3_600_000, keep)
-        self.cache: dict[str, Series] = {}
+        self.scraper = Scraper(Store(3_600_000, keep), timeout_s=10, body_limit=1 << 30, concurrency=1)
+        self.target = Target(TargetSpec("http://bench:8000/metrics", (("instance", "bench:8000"), ("job", "vllm"))))
         self.now_ms = 1_700_000_000_000
 
     def scrape(self, payload: str) -> int:
         self.now_ms += 5_000
-        now, cache, store = self.now_ms, self.cache, self.store
-        scanner = Scanner(store.keep)
-        for text, value, ts in scanner.scan(payload):
-            series = cache.get(text)
-            if series is None:
-                name, labels = scanner.labels_of(text)
-                series = cache[text] = store.series(labels_from(name, labels))
-            series.append(now if ts is None else ts, value)
-        return scanner.samples_total
+        self.scraper.ingest(self.target, payload, self.now_ms)
+        return self.target.samples
 
 
 def bench(title: str, payload: str, scrapes: int, reps: int) -> None:

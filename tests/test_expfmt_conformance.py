@@ -31,9 +31,7 @@ def _cases(good: bool) -> list[str]:
     if not CASES.is_dir():
         return ["<absent>"]
     names = sorted(p.name for p in CASES.iterdir())
-    return [
-        n for n in names if (n == "minimal" or n.startswith("from_test_parse_")) and ("_error_" in n) != good
-    ]
+    return [n for n in names if (n == "minimal" or n.startswith("from_test_parse_")) and ("_error_" in n) != good]
 
 
 def _read(name: str) -> str:

@@ -28,9 +28,7 @@ from agent.store import KeepList, Store
 VLLM = Path(__file__).resolve().parent / "fixtures" / "vllm"
 
 
-def scan(
-    text: str, wants: object = None, *, openmetrics: bool = False
-) -> list[tuple[str, float, int | None]]:
+def scan(text: str, wants: object = None, *, openmetrics: bool = False) -> list[tuple[str, float, int | None]]:
     return list(Scanner(wants, openmetrics=openmetrics).scan(text))  # type: ignore[arg-type]
 
 
@@ -46,9 +44,7 @@ def error_of(text: str, *, openmetrics: bool = False, full: bool = True) -> Expo
 
 def samples(text: str, *, openmetrics: bool = False) -> list[tuple[str, dict[str, str], float, int | None]]:
     return [
-        (s.name, s.labels, s.value, s.timestamp_ms)
-        for f in parse(text, openmetrics=openmetrics)
-        for s in f.samples
+        (s.name, s.labels, s.value, s.timestamp_ms) for f in parse(text, openmetrics=openmetrics) for s in f.samples
     ]
 
 
@@ -100,6 +96,14 @@ def test_label_values_with_braces_blanks_hashes_and_escaped_quotes_are_cut_corre
     [(key, value, ts)] = scan(text)
     assert (key, value, ts) == ('m{a="x} y",b="#{}",c="q\\"}\\\\"}', 7.0, 123)
     assert Scanner().labels_of(key) == ("m", {"a": "x} y", "b": "#{}", "c": 'q"}\\'})
+
+
+def test_a_scanner_scans_one_payload_only() -> None:
+    """A Scanner holds one payload's family state, so a second scan() is refused."""
+    scanner = Scanner()
+    list(scanner.scan("a 1\n"))
+    with pytest.raises(RuntimeError, match="one per scrape"):
+        scanner.scan("a 2\n")
 
 
 # -- skipping -----------------------------------------------------------------------------
@@ -165,8 +169,7 @@ def test_families_may_be_non_contiguous_in_the_text_format() -> None:
 def test_help_text_escapes_and_type_case() -> None:
     """HELP decodes \\\\, \\n and \\"; TYPE is case-insensitive; gauge_histogram is normalised."""
     text = (
-        '# HELP a two\\nlines \\\\ and \\"q\\"\n# TYPE a GAUGE\na 1\n'
-        '# TYPE g gauge_histogram\ng_bucket{le="+Inf"} 1\n'
+        '# HELP a two\\nlines \\\\ and \\"q\\"\n# TYPE a GAUGE\na 1\n# TYPE g gauge_histogram\ng_bucket{le="+Inf"} 1\n'
     )
     scanner = Scanner()
     list(scanner.scan(text))
@@ -203,9 +206,7 @@ def test_nan_values(token: str) -> None:
     assert math.isnan(value)
 
 
-@pytest.mark.parametrize(
-    "token", ["1_000", "+nan", "-NaN", "0x10", "0x1p-3", "1e999", "١٢", "1\r", "", "1,5", "--1"]
-)
+@pytest.mark.parametrize("token", ["1_000", "+nan", "-NaN", "0x10", "0x1p-3", "1e999", "١٢", "1\r", "", "1,5", "--1"])
 def test_values_go_rejects_even_where_python_float_accepts(token: str) -> None:
     """Underscores, signed NaN, hex, overflow, non-ASCII digits and CR are errors, as in Go."""
     assert "expected float as value" in str(error_of(f"m {token}\n", full=False))
@@ -405,6 +406,93 @@ def test_suffix_samples_join_a_family_only_once_it_is_typed() -> None:
     text = "x_sum 1\n# TYPE x summary\nx_count 2\nx_sum 3\n"
     families = {f.name: [s.name for s in f.samples] for f in parse(text)}
     assert families == {"x_sum": ["x_sum", "x_sum"], "x": ["x_count"]}
+    # A HELP line creates its family too: h_bucket stays its own (untyped, so no sign rule).
+    text = '# HELP h_bucket own family\n# HELP h hist\n# TYPE h histogram\nh_bucket{le="1"} -1\nh_count -1\n'
+    with pytest.raises(ExpositionError) as info:
+        parse(text)
+    assert info.value.line == 5
+
+
+def _go_reference(lines: list[str]) -> tuple[int, dict[str, list[str]], dict[str, str], dict[str, str]]:
+    """A direct model of the Go parser's family bookkeeping (setOrCreateCurrentMF, the HELP and
+    TYPE checks) for simple well-formed lines: (error line or 0, samples by family, types, helps)."""
+    kinds: dict[str, str | None] = {}  # family -> type; "implicit" once a sample came first
+    helps: dict[str, str] = {}
+    members: dict[str, list[str]] = {}
+
+    def resolve(name: str) -> str:
+        if name in kinds:
+            return name
+        for suffix in ("_count", "_sum"):
+            if name.endswith(suffix) and len(name) > len(suffix) and kinds.get(name[: -len(suffix)]) == "summary":
+                return name[: -len(suffix)]
+        for suffix in ("_count", "_sum", "_bucket"):
+            base = name[: -len(suffix)]
+            if name.endswith(suffix) and len(name) > len(suffix) and kinds.get(base) in ("histogram", "gaugehistogram"):
+                return base
+        kinds[name] = None
+        return name
+
+    for number, line in enumerate(lines, 1):
+        if line.startswith("# HELP "):
+            name, _, text = line[7:].partition(" ")
+            family = resolve(name)
+            if family in helps:
+                return number, members, {}, {}
+            helps[family] = text
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            family = resolve(name)
+            if kinds[family] is not None:
+                return number, members, {}, {}
+            kinds[family] = kind
+        else:
+            name = line.split("{")[0].split(" ")[0]
+            family = resolve(name)
+            if kinds[family] is None:
+                kinds[family] = "implicit"
+            members.setdefault(family, []).append(name)
+            # Histogram buckets (with an le label) and counts are unsigned in Go.
+            counted = name == family + "_count" or (name == family + "_bucket" and "le=" in line)
+            if kinds[family] in ("histogram", "gaugehistogram") and counted and line.endswith(" -1"):
+                return number, members, {}, {}
+    types = {f: k for f, k in kinds.items() if k is not None and k != "implicit"}
+    return 0, members, types, helps
+
+
+def test_family_bookkeeping_matches_a_model_of_the_go_parser() -> None:
+    """On random payloads of HELP/TYPE lines and _sum/_count/_bucket samples, the families,
+    types, helps and the first error line (duplicate metadata, TYPE after samples, negative
+    histogram counts) are exactly what the Go parser's rules give."""
+    rnd = random.Random(3)
+    names = ["x", "x_sum", "x_count", "x_bucket", "x_sum_count", "y"]
+    kinds = ["histogram", "summary", "gauge", "untyped"]
+    for _ in range(6000):
+        lines = []
+        for _ in range(rnd.randint(1, 8)):
+            name = rnd.choice(names)
+            roll = rnd.random()
+            if roll < 0.25:
+                lines.append(f"# HELP {name} help for {name}")
+            elif roll < 0.5:
+                lines.append(f"# TYPE {name} {rnd.choice(kinds)}")
+            elif roll < 0.75:
+                lines.append(f"{name} 1")
+            else:
+                lines.append(f'{name}{{le="1",quantile="0.5"}} {rnd.choice(["2", "-1"])}')
+        error_line, members, types, helps = _go_reference(lines)
+        text = "\n".join(lines) + "\n"
+        if error_line:
+            assert error_of(text).line == error_line, text
+            continue
+        scanner = Scanner()
+        got: dict[str, list[str]] = {}
+        for key, _, _ in scanner.scan(text):
+            name, _ = scanner.labels_of(key)
+            got.setdefault(scanner._family_of(name), []).append(name)
+        assert got == members, text
+        assert scanner.types == types, text
+        assert scanner.helps == helps, text
 
 
 def test_vllm_capture_scans_into_a_store_through_a_series_cache() -> None:
