@@ -126,9 +126,9 @@ class Agent:
             self._nvml_started = True
             ok = await asyncio.to_thread(nv.start)
             self.stats.nvml_available = ok
-            if not ok:
-                level = log.error if self.config.nvml.mode == "true" else log.warning
-                level("GPU metrics unavailable; continuing without them", reason=nv.reason)
+            if not ok and self.config.nvml.mode == "true":  # NvmlSource already warned; say it louder
+                log.error("nvml.enabled is true but NVML is unavailable; continuing without GPU metrics",
+                          reason=nv.reason)
         now_ms = int(self._clock() * 1000)
         samples = await asyncio.to_thread(nv.poll, now_ms)
         self._nvml_samples = samples
