@@ -15,16 +15,19 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 import yaml
 
-from agent import __version__
+from agent import __version__, yamlcompat
 from agent.config import Config, load_config
-from agent.daemon import Agent
+from agent.daemon import Agent, bundled_rules_dir
 from agent.demo import run_demo
-from agent.errors import AgentError, ConfigError
+from agent.errors import AgentError, ConfigError, RuleError
 from agent.logs import configure_logging
+from agent.rulefile import load_rule_files, parse_rule_file
+from agent.ruletest import run_test_file
 from agent.simulate.scenarios import SCENARIOS
 from agent.simulate.server import Fleet, FleetConfig
 
@@ -62,6 +65,21 @@ def _parser() -> argparse.ArgumentParser:
                                        "redacted. Exit 2 with one line per error.")
     check.add_argument("--config", "-c", type=Path, required=True)
     check.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+
+    rules = sub.add_parser("rules", help="check, test and export Prometheus rule files",
+                           description="Work with Prometheus rule files on the agent's own engine. The same files "
+                                       "load into Prometheus; `promtool check rules` / `promtool test rules` "
+                                       "accept exactly what these accept.")
+    rsub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
+    rcheck = rsub.add_parser("check", help="validate rule files (default: the bundled rules/*.rules.yaml)")
+    rcheck.add_argument("files", nargs="*", type=Path)
+    rtest = rsub.add_parser("test", help="run promtool-format rule unit tests on the agent's engine")
+    rtest.add_argument("files", nargs="+", type=Path)
+    rexport = rsub.add_parser("export", help="print rule files as one Kubernetes object")
+    rexport.add_argument("files", nargs="*", type=Path)
+    rexport.add_argument("--format", choices=["prometheusrule"], default="prometheusrule")
+    rexport.add_argument("--name", default="sre-agent-rules")
+    rexport.add_argument("--namespace", default="monitoring")
 
     sim = sub.add_parser("simulate", help="serve a simulated vLLM fleet's /metrics on 127.0.0.1",
                          description="Serve realistic vLLM /metrics for N replicas driven by a queueing model. "
@@ -107,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "rules":
+            return _rules(args)
         if args.command == "demo":
             configure_logging("console", args.log_level)
             return asyncio.run(run_demo(fleet_config(args), listen=args.listen, interval=args.interval,
@@ -114,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         for line in exc.errors:
             print(f"config error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RuleError as exc:
+        for line in exc.errors:
+            print(f"rule error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except AgentError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -152,7 +176,7 @@ async def _once(agent: Agent) -> int:
         await agent.collect_once()
     finally:
         await agent.stop()
-    print(json.dumps({"targets": agent.targets_json(), "alerts": []}, indent=2))
+    print(json.dumps({"targets": agent.targets_json(), "alerts": agent.alerts_json()}, indent=2))
     return EXIT_OK
 
 
@@ -194,3 +218,64 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
         replicas=args.replicas, base_port=args.port, scenario=args.scenario, generation=args.generation,
         lmdeploy_replicas=args.lmdeploy, seed=args.seed, speed=args.speed, log_dir=args.log_dir,
     )
+
+
+def _rule_files(files: list[Path]) -> list[Path]:
+    return files or sorted(bundled_rules_dir().glob("*.rules.yaml"))
+
+
+def _rules(args: argparse.Namespace) -> int:
+    if args.rules_command == "check":
+        return _rules_check(_rule_files(args.files))
+    if args.rules_command == "test":
+        return _rules_test(args.files)
+    return _rules_export(_rule_files(args.files), args.name, args.namespace)
+
+
+def _rules_check(files: list[Path]) -> int:
+    """Like ``promtool check rules``: one block per file, non-zero if any file fails."""
+    failed = False
+    for path in files:
+        print(f"Checking {path}")
+        try:
+            groups = parse_rule_file(path)
+        except RuleError as exc:
+            failed = True
+            print("  FAILED:\n" + "\n".join(f"    {e}" for e in exc.errors))
+            continue
+        print(f"  SUCCESS: {sum(len(g.rules) for g in groups)} rules found")
+    return EXIT_PROBLEM if failed else EXIT_OK
+
+
+def _rules_test(files: list[Path]) -> int:
+    """Like ``promtool test rules``: PASSED/FAILED per file, non-zero if any failed."""
+    failed = False
+    for path in files:
+        print(f"Unit Testing:  {path}")
+        result = run_test_file(path)
+        if result.ok:
+            print("  SUCCESS\n")
+        else:
+            failed = True
+            print("  FAILED:")
+            for f in result.failures:
+                print("    " + f.replace("\n", "\n    "))
+            print()
+    return EXIT_PROBLEM if failed else EXIT_OK
+
+
+def _rules_export(files: list[Path], name: str, namespace: str) -> int:
+    """The rule files as one ``monitoring.coreos.com/v1`` PrometheusRule (prometheus-operator)."""
+    load_rule_files(files)  # validate first: never export what would not load
+    groups: list[Any] = []
+    for path in files:
+        groups.extend((yamlcompat.load(path.read_text(encoding="utf-8")) or {}).get("groups") or [])
+    obj = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "sre-agent", "app.kubernetes.io/part-of": "sre-agent"}},
+        "spec": {"groups": groups},
+    }
+    print(yaml.safe_dump(obj, sort_keys=False, width=1000), end="")
+    return EXIT_OK

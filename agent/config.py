@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from agent import yamlcompat
 from agent.errors import ConfigError
 
 __all__ = [
@@ -224,7 +225,19 @@ class ServerConfig(_Model):
 
 
 class RulesConfig(_Model):
+    """Prometheus rule files (globs allowed) and how to evaluate them."""
+
     files: list[str] = Field(default_factory=list)
+    evaluation_interval: Duration = 15.0  # default for groups without their own interval
+    external_labels: dict[str, str] = Field(default_factory=dict)
+    external_url: str = ""
+
+    @field_validator("evaluation_interval")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("evaluation_interval must be positive")
+        return v
 
 
 class StateConfig(_Model):
@@ -289,7 +302,7 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
         try:
-            data = yaml.safe_load(text) or {}
+            data = yamlcompat.load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(data, dict):

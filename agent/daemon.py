@@ -1,8 +1,10 @@
-"""Wiring: builds store, sources and HTTP server from the :class:`Config` and runs the jobs.
+"""Wiring: builds store, sources, rules and HTTP server from the :class:`Config` and runs the jobs.
 
 Jobs run on APScheduler's ``AsyncIOScheduler`` (DESIGN.md decision 10): the scrape
 cycle every ``scrape.interval``, the NVML poll every ``nvml.interval`` (in a worker
-thread, since NVML calls block), and store retention every minute. Everything the
+thread, since NVML calls block), each rule group at its own interval, and store
+retention every minute. Rule files are loaded and checked before anything starts: a
+broken rule file stops start-up with every problem listed, as Prometheus does. Everything the
 outside world touches (clock, NVML module, hostname) is passed in so tests can swap
 it. ``stop()`` is what SIGTERM triggers: jobs stop, series are left as they are,
 the HTTP server and sessions close.
@@ -11,12 +13,15 @@ the HTTP server and sessions close.
 from __future__ import annotations
 
 import asyncio
+import glob
 import socket
 import time
 import types
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,25 +32,51 @@ from agent import catalog
 from agent.config import Config
 from agent.discovery import FileSD, all_targets
 from agent.nvml import NvmlSource
+from agent.promql import Engine
+from agent.rulefile import GroupSpec, load_rule_files
+from agent.rules import AlertEvent, Group, RuleManager
 from agent.scrape import Scraper
 from agent.series import Sample
 from agent.server import build_app, serve
 from agent.store import KeepList, RoundWriter, Store
 from agent.telemetry import AgentCollector, build_registry
 
-__all__ = ["Agent", "keep_list"]
+__all__ = ["Agent", "bundled_rules_dir", "keep_list", "rule_paths"]
 
 log = structlog.get_logger(__name__)
 
 _GC_INTERVAL_S = 60.0
 
 
-def keep_list(config: Config) -> KeepList:
-    """The families to store: the catalog's health families plus ``store.keep``
-    (later also every name a loaded rule references)."""
+def bundled_rules_dir() -> Path:
+    """The project's ``rules/`` directory (beside the package in a checkout or editable install)."""
+    return Path(__file__).resolve().parent.parent / "rules"
+
+
+def rule_paths(patterns: list[str]) -> list[str]:
+    """Expand rule-file globs like Prometheus' ``rule_files``; a plain path that does not
+    exist is kept, so loading reports it by name."""
+    out: list[str] = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(pattern))
+        out.extend(matched or ([] if glob.has_magic(pattern) else [pattern]))
+    return out
+
+
+def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
+    """The families to store: the catalog's health families, ``store.keep`` and every
+    metric name a loaded rule selects (DESIGN.md decision 3)."""
     if config.store.keep_all:
         return KeepList(None)
-    return KeepList(catalog.default_keep_families() | frozenset(config.store.keep))
+    names: set[str] = set()
+    for g in groups or []:
+        group_names, unnamed = g.metric_names()
+        if unnamed:
+            log.warning("a rule selects series without a fixed metric name; storing every family",
+                        group=g.name, file=g.file)
+            return KeepList(None)
+        names |= group_names
+    return KeepList(catalog.default_keep_families() | frozenset(config.store.keep) | names)
 
 
 @dataclass
@@ -68,7 +99,13 @@ class Agent:
     ) -> None:
         self.config = config
         self._clock = clock
-        self.store = Store(int(config.store.retention * 1000), keep_list(config))
+        groups = load_rule_files(rule_paths(config.rules.files))  # RuleError stops start-up
+        self.store = Store(int(config.store.retention * 1000), keep_list(config, groups))
+        rc = config.rules
+        self.engine = Engine(self.store, subquery_step_ms=int(rc.evaluation_interval * 1000))
+        self.rules = RuleManager(groups, self.store, self.engine, default_interval_s=rc.evaluation_interval,
+                                 external_labels=rc.external_labels, external_url=rc.external_url)
+        self.events: deque[AlertEvent] = deque(maxlen=1000)
         sc = config.scrape
         self.scraper = Scraper(
             self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
@@ -94,6 +131,12 @@ class Agent:
 
     def targets_json(self) -> list[dict[str, Any]]:
         return self.scraper.targets_json()
+
+    def alerts_json(self) -> list[dict[str, Any]]:
+        return self.rules.alerts_json()
+
+    def rules_json(self) -> list[dict[str, Any]]:
+        return self.rules.rules_json()
 
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
@@ -134,14 +177,27 @@ class Agent:
         self._nvml_samples = samples
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
 
+    def evaluate(self, group: Group) -> None:
+        events = self.rules.eval_group(group, int(self._clock() * 1000))
+        for e in events:
+            self.events.append(e)
+            labels = {k: v for k, v in e.alert.labels if k != "alertname"}
+            log.info("alert state changed", state=e.kind, alertname=e.rule, group=e.group, labels=labels,
+                     value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
+
+    def evaluate_all(self) -> None:
+        for g in self.rules.groups:
+            self.evaluate(g)
+
     def gc(self) -> None:
         dropped = self.store.gc(int(self._clock() * 1000))
         if dropped:
             log.debug("retention applied", samples_dropped=dropped)
 
     async def collect_once(self) -> None:
-        """One scrape cycle and one NVML poll (``run --once``)."""
+        """One scrape cycle, one NVML poll, then one evaluation of every rule (``run --once``)."""
         await asyncio.gather(self.scrape_cycle(), self.poll_nvml())
+        self.evaluate_all()
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self, *, serve_http: bool = True) -> None:
@@ -156,11 +212,16 @@ class Agent:
         if self.nvml is not None:
             sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
                           max_instances=1, coalesce=True, next_run_time=first)
+        for i, group in enumerate(self.rules.groups):
+            # First evaluation one interval in, after the first scrapes have landed.
+            sched.add_job(self.evaluate, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
+                          max_instances=1, coalesce=True)
         sched.add_job(self.gc, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         sched.start()
         self._scheduler = sched
         log.info("agent started", targets=len(cfg.targets), file_sd=len(cfg.file_sd),
-                 scrape_interval=cfg.scrape.interval, nvml=cfg.nvml.mode)
+                 scrape_interval=cfg.scrape.interval, nvml=cfg.nvml.mode,
+                 rule_groups=len(self.rules.groups), rules=sum(len(g.rules) for g in self.rules.groups))
 
     async def stop(self) -> None:
         if self._scheduler is not None:

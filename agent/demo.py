@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.config import Config
-from agent.daemon import Agent
+from agent.daemon import Agent, bundled_rules_dir
 from agent.discovery import instance_of
 from agent.series import is_stale
 from agent.simulate.server import Fleet, FleetConfig
@@ -148,6 +148,16 @@ def render_view(agent: Agent, scenario: str, started: float, clear: bool) -> str
                 f"{_fmt(r.ttft_p99_s, '8.2f')}{'s' if r.ttft_p99_s is not None else ' '} "
                 f"{_fmt(r.preemptions_per_s, '9.2f')}")
         lines.append(line + (f"  {r.error}" if r.error else ""))
+    alerts = sorted(agent.rules.alerts(), key=lambda a: (a.state.value != "firing", dict(a.labels)["alertname"]))
+    lines += ["", f"alerts ({sum(a.state.value == 'firing' for a in alerts)} firing, "
+                  f"{sum(a.state.value == 'pending' for a in alerts)} pending):"]
+    for a in alerts[:12]:
+        lab = dict(a.labels)
+        where = lab.get("instance") or lab.get("model_name") or lab.get("job") or ""
+        lines.append(f"  {a.state.value.upper():8} {lab['alertname']:32} {lab.get('severity', ''):8} {where:22} "
+                     f"{a.annotations.get('summary', '')}")
+    if len(alerts) > 12:
+        lines.append(f"  ... and {len(alerts) - 12} more (GET /api/v1/alerts)")
     st = agent.store.stats()
     lines += ["", f"store: {st['series']} series, {st['samples']} samples | agent API: "
               f"http://127.0.0.1:{agent.port}/api/v1/targets  /metrics", ""]
@@ -190,6 +200,7 @@ async def run_demo(
                 "file_sd": [{"files": [str(sd)], "refresh_interval": "30s"}],
                 "scrape": {"interval": interval, "timeout": interval},
                 "server": {"listen": listen},
+                "rules": {"files": [str(bundled_rules_dir() / "*.rules.yaml")], "evaluation_interval": interval},
             })
             agent = Agent(config)
             await agent.start()

@@ -25,6 +25,7 @@ import structlog
 import yaml
 from pydantic import SecretStr
 
+from agent import yamlcompat
 from agent.config import Config, FileSDConfig, TargetConfig
 from agent.errors import ConfigError
 
@@ -135,7 +136,7 @@ def parse_file_sd(path: Path, job: str) -> list[TargetSpec]:
     """Parse one ``file_sd`` file; raises :class:`ConfigError` naming the entry."""
     try:
         text = path.read_text(encoding="utf-8")
-        data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data: Any = json.loads(text) if path.suffix == ".json" else yamlcompat.load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot parse: {exc}") from exc
     if data is None:

@@ -13,6 +13,10 @@ with ``raise ... from exc`` so the cause is never lost.
     ├── ScrapeError            one target could not be scraped (down, timeout, too big, bad type)
     ├── NvmlError              the GPU source failed (library missing, GPU lost, ...)
     ├── StoreError             a store query or write was invalid
+    ├── PromQLError            a PromQL expression failed to parse or evaluate
+    │   └── UnsupportedError   valid PromQL outside the engine's subset (names the construct)
+    ├── TemplateError          an annotation/label template failed to parse or render
+    ├── RuleError              a rule file or rule is invalid (names file, group, rule)
     └── SimulatorError         the built-in fleet simulator was misused
 """
 
@@ -23,9 +27,13 @@ __all__ = [
     "ConfigError",
     "ExpositionError",
     "NvmlError",
+    "PromQLError",
+    "RuleError",
     "ScrapeError",
     "SimulatorError",
     "StoreError",
+    "TemplateError",
+    "UnsupportedError",
 ]
 
 
@@ -64,6 +72,33 @@ class NvmlError(AgentError):
 
 class StoreError(AgentError):
     """Invalid store operation, such as a bad label matcher."""
+
+
+class PromQLError(AgentError):
+    """A PromQL expression is invalid (syntax, types) or failed to evaluate."""
+
+
+class UnsupportedError(PromQLError):
+    """Valid PromQL that the agent's engine does not implement; ``construct`` names it
+    (``"function holt_winters"``, ``"@ modifier"``) so a rule file can say which rule."""
+
+    def __init__(self, construct: str, detail: str = "") -> None:
+        self.construct = construct
+        super().__init__(f"unsupported PromQL construct: {construct}" + (f" ({detail})" if detail else ""))
+
+
+class TemplateError(AgentError):
+    """An annotation or label template uses syntax or a function outside the supported
+    Go-template subset, or failed to render."""
+
+
+class RuleError(AgentError):
+    """Rule files are invalid; ``errors`` holds one line per problem, each naming the file,
+    group and rule the way promtool does."""
+
+    def __init__(self, errors: list[str] | str) -> None:
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        super().__init__("\n".join(self.errors))
 
 
 class SimulatorError(AgentError):

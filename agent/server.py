@@ -28,6 +28,10 @@ class AgentView(Protocol):
 
     def targets_json(self) -> list[dict[str, Any]]: ...
 
+    def alerts_json(self) -> list[dict[str, Any]]: ...
+
+    def rules_json(self) -> list[dict[str, Any]]: ...
+
     def status_json(self) -> dict[str, Any]: ...
 
 
@@ -51,12 +55,19 @@ def build_app(agent: AgentView) -> web.Application:
     async def targets(_: web.Request) -> web.Response:
         return _ok({"targets": agent.targets_json()})
 
+    async def alerts(_: web.Request) -> web.Response:
+        return _ok({"alerts": agent.alerts_json()})
+
+    async def rules(_: web.Request) -> web.Response:
+        return _ok({"groups": agent.rules_json()})
+
     async def status(_: web.Request) -> web.Response:
         return _ok(agent.status_json())
 
     async def index(_: web.Request) -> web.Response:
         return web.Response(
-            text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/status\n"
+            text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/alerts  /api/v1/rules  "
+            "/api/v1/status\n"
         )
 
     app = web.Application()
@@ -65,6 +76,8 @@ def build_app(agent: AgentView) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/v1/targets", targets)
+    app.router.add_get("/api/v1/alerts", alerts)
+    app.router.add_get("/api/v1/rules", rules)
     app.router.add_get("/api/v1/status", status)
     return app
 

@@ -295,14 +295,15 @@ class RoundWriter:
     staleness markers for series that were in the previous round but not this one,
     the way a scrape does for a target."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, keep_filter: bool = True) -> None:
         self._store = store
+        self._filter = keep_filter  # False for the agent's own series (rule results)
         self._last: set[Labels] = set()
 
     def write(self, samples: Iterable[tuple[Labels, float, int]], now_ms: int) -> int:
         seen: set[Labels] = set()
         for labels, value, ts in samples:
-            if self._store.wants(_name_of(labels)):
+            if not self._filter or self._store.wants(_name_of(labels)):
                 self._store.append(labels, ts, value)
                 seen.add(labels)
         for labels in self._last - seen:

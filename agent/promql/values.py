@@ -1,0 +1,117 @@
+"""What a PromQL evaluation returns, and the label operations every operator shares.
+
+The public value types (:class:`Sample`, :class:`Scalar`, :class:`String`,
+:class:`MatrixSeries`) are what :class:`~agent.promql.engine.Engine` hands to callers.
+Inside the engine an instant vector travels as a plain ``list[tuple[Labels, float]]``
+(:data:`Vec`): a tuple costs a fraction of a dataclass to build, and a rule evaluation
+builds one per series per operator. The engine converts at the boundary.
+
+The label helpers encode two Prometheus rules that many operators need: which results
+lose ``__name__``, and that no result vector may hold two elements with the same label
+set ("vector cannot contain metrics with the same labelset").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agent.errors import PromQLError
+from agent.series import METRIC_NAME, Labels, labels_get
+
+__all__ = [
+    "Matrix",
+    "MatrixSeries",
+    "Sample",
+    "Scalar",
+    "String",
+    "Value",
+    "Vec",
+    "Vector",
+    "check_unique",
+    "drop_name",
+    "drop_names",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One element of an instant vector."""
+
+    labels: Labels
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    """A plain number (a literal, ``time()``, ``scalar(...)``, arithmetic on those)."""
+
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class String:
+    """A string literal evaluated at the top level."""
+
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixSeries:
+    """One series of a range vector or of a range query's result, oldest point first."""
+
+    labels: Labels
+    ts: list[int]
+    values: list[float]
+
+
+Vector = list[Sample]
+Matrix = list[MatrixSeries]
+Value = Vector | Scalar | String | Matrix
+
+#: The engine's internal instant vector: (labels, value) pairs.
+Vec = list[tuple[Labels, float]]
+
+DUPLICATE_LABELSET = "vector cannot contain metrics with the same labelset"
+
+
+def drop_name(labels: Labels) -> Labels:
+    """``labels`` without ``__name__``. Label tuples are sorted and ``__name__`` sorts
+    before every lower-case name, so it is usually first: that case costs one slice."""
+    if labels and labels[0][0] == METRIC_NAME:
+        return labels[1:]
+    for i, (k, _) in enumerate(labels):
+        if k == METRIC_NAME:
+            return labels[:i] + labels[i + 1 :]
+    return labels
+
+
+def drop_names(pairs: Iterable[tuple[Labels, float]]) -> Vec:
+    """Drop ``__name__`` from every element, and fail as Prometheus does if that made
+    two elements identical. The duplicate check only runs when the input held more
+    than one metric name, the only way dropping it can make two label sets collide."""
+    out: Vec = []
+    first: str | None = None
+    mixed = False
+    for labels, v in pairs:
+        if labels and labels[0][0] == METRIC_NAME:
+            name = labels[0][1]
+            stripped = labels[1:]
+        else:
+            stripped = drop_name(labels)
+            name = "" if stripped is labels else METRIC_NAME + labels_get(labels, METRIC_NAME)
+        if first is None:
+            first = name
+        elif name != first:
+            mixed = True
+        out.append((stripped, v))
+    if mixed:
+        check_unique(out)
+    return out
+
+
+def check_unique(vec: Vec) -> Vec:
+    """Raise Prometheus' error if two elements share a label set; returns ``vec``."""
+    if len({labels for labels, _ in vec}) != len(vec):
+        raise PromQLError(DUPLICATE_LABELSET)
+    return vec
