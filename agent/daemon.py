@@ -20,7 +20,7 @@ import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,9 @@ class Agent:
         self._nvml_started = False
         self._nvml_samples: list[Sample] = []
         self.stats = _Stats()
-        self.registry = build_registry(AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats))
+        self.registry = build_registry(
+            AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules)
+        )
         self._scheduler: AsyncIOScheduler | None = None
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -212,10 +214,10 @@ class Agent:
         if self.nvml is not None:
             sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
                           max_instances=1, coalesce=True, next_run_time=first)
+        first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
         for i, group in enumerate(self.rules.groups):
-            # First evaluation one interval in, after the first scrapes have landed.
             sched.add_job(self.evaluate, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
-                          max_instances=1, coalesce=True)
+                          max_instances=1, coalesce=True, next_run_time=first_eval)
         sched.add_job(self.gc, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         sched.start()
         self._scheduler = sched

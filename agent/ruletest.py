@@ -38,6 +38,7 @@ class TestResult:
     file: str
     failures: list[str] = field(default_factory=list)
     tests: int = 0
+    failed_groups: list[str] = field(default_factory=list)  # test-group names, as promtool prints them
 
     @property
     def ok(self) -> bool:
@@ -76,6 +77,8 @@ def run_test_file(path: str | Path) -> TestResult:
         except (AgentError, ValueError, KeyError, TypeError) as exc:
             errs = [f"{type(exc).__name__}: {exc}"]
         res.failures.extend(f"{name}: {e}" for e in errs)
+        if errs:
+            res.failed_groups.append(name)
     return res
 
 

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent import __version__
+from agent.rules import AlertState, RuleManager
 from agent.scrape import Scraper
 from agent.series import Sample
 from agent.store import AppendResult, Store
@@ -39,7 +40,9 @@ class AgentCollector(Collector):
         store: Store,
         nvml_samples: Callable[[], Sequence[Sample]],
         stats: CycleStats,
+        rules: RuleManager | None = None,
     ) -> None:
+        self._rules = rules
         self._scraper = scraper
         self._store = store
         self._nvml = nvml_samples
@@ -59,7 +62,24 @@ class AgentCollector(Collector):
         )
         last.add_metric([], self._stats.last_cycle_seconds)
         yield last
+        if self._rules is not None:
+            yield from self._rule_metrics(self._rules)
         yield from _as_families(self._nvml())
+
+    def _rule_metrics(self, rules: RuleManager) -> Iterator[Metric]:
+        dur = GaugeMetricFamily("sre_agent_rule_group_last_duration_seconds",
+                                "Wall time of the group's last evaluation.", labels=["rule_group"])
+        failing = GaugeMetricFamily("sre_agent_rule_group_failing_rules",
+                                    "Rules whose last evaluation failed.", labels=["rule_group"])
+        for g in rules.groups:
+            key = [f"{g.spec.file};{g.spec.name}"]  # Prometheus' rule_group label format
+            dur.add_metric(key, g.eval_seconds)
+            failing.add_metric(key, sum(r.health == "err" for r in g.rules))
+        alerts = GaugeMetricFamily("sre_agent_alerts", "Active alerts by state.", labels=["state"])
+        active = rules.alerts()
+        for state in (AlertState.PENDING, AlertState.FIRING):
+            alerts.add_metric([state.value], sum(a.state is state for a in active))
+        yield from (dur, failing, alerts)
 
     def _targets(self) -> Iterator[Metric]:
         lbl = ["job", "instance"]

@@ -125,3 +125,52 @@ def test_sigterm_shuts_down_cleanly(tmp_path: Path, simulator: list[str]) -> Non
     rest = proc.stderr.read()
     assert proc.wait(timeout=20) == 0
     assert '"agent stopped"' in rest
+
+
+def test_rules_check_bundled_and_broken(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rules check passes the bundled rules (exit 0) and names a broken rule (exit 1)."""
+    assert main(["rules", "check"]) == 0
+    assert "SUCCESS" in capsys.readouterr().out
+    bad = tmp_path / "bad.rules.yaml"
+    bad.write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: sum(\n")
+    assert main(["rules", "check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and 'group "g", rule 1, "A": could not parse expression' in out
+
+
+def test_rules_test_reports_failures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rules test exits 1 and shows expected vs got when an expectation is wrong."""
+    rules = tmp_path / "r.yaml"
+    rules.write_text("groups:\n  - name: g\n    rules:\n      - alert: Up\n        expr: up == 1\n")
+    test = tmp_path / "t.yaml"
+    test.write_text(
+        "rule_files: [r.yaml]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n"
+        "    input_series: [{series: 'up{job=\"a\"}', values: '1x5'}]\n"
+        "    alert_rule_test: [{eval_time: 2m, alertname: Up, exp_alerts: [{exp_labels: {job: b}}]}]\n"
+    )
+    assert main(["rules", "test", str(test)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "alertname: Up, time: 2m" in out and "'job': 'a'" in out
+
+
+def test_rules_export_prometheusrule(capsys: pytest.CaptureFixture[str]) -> None:
+    """rules export prints a PrometheusRule whose groups are the bundled files' groups."""
+    import yaml
+
+    assert main(["rules", "export", "--namespace", "obs"]) == 0
+    obj = yaml.safe_load(capsys.readouterr().out)
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1" and obj["kind"] == "PrometheusRule"
+    assert obj["metadata"]["namespace"] == "obs"
+    names = {g["name"] for g in obj["spec"]["groups"]}
+    assert {"vllm", "gpu", "lmdeploy"} <= names
+
+
+def test_run_refuses_broken_rule_file(tmp_path: Path) -> None:
+    """The daemon does not start with a broken rule file and says which rule is wrong (exit 2)."""
+    bad = tmp_path / "bad.rules.yaml"
+    bad.write_text("groups:\n  - name: g\n    rules:\n      - record: 'bad name'\n        expr: up\n")
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(json.dumps({"rules": {"files": [str(bad)]}, "nvml": {"enabled": "false"}}))
+    res = _cli("run", "--config", str(cfg), "--once")
+    assert res.returncode == 2
+    assert "rule error:" in res.stderr and "invalid recording rule name" in res.stderr

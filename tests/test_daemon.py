@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -135,3 +136,36 @@ def test_keep_list_defaults_and_extras() -> None:
     assert "vllm:time_to_first_token_seconds_bucket" in keep and "DCGM_FI_DEV_FB_USED" in keep
     assert "my_metric" in keep and "python_info" not in keep
     assert keep_list(Config.model_validate({"store": {"keep_all": True}})).keeps_all
+
+
+async def test_rules_evaluated_and_served(fleet: Fleet, tmp_path: Path) -> None:
+    """Loaded rules are evaluated on schedule; /api/v1/alerts and /api/v1/rules show them; names are kept."""
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text(
+        "groups:\n  - name: t\n    interval: 1s\n    rules:\n"
+        "      - record: job:my_custom_metric:sum\n        expr: sum by (job) (my_custom_metric)\n"
+        "      - alert: AlwaysOn\n        expr: vector(1)\n        labels: {severity: none}\n"
+    )
+    agent = Agent(_config(fleet, rules={"files": [str(rules)], "evaluation_interval": "1s"}),
+                  nvml_module=FakeNvml().module, hostname="n")
+    assert "my_custom_metric" in agent.store.keep  # names a rule selects are stored
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}"
+    try:
+        for _ in range(100):
+            if agent.rules.alerts():
+                break
+            await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/api/v1/alerts") as r:
+                alerts = (await r.json())["data"]["alerts"]
+            async with http.get(f"{base}/api/v1/rules") as r:
+                groups = (await r.json())["data"]["groups"]
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+        assert [a["labels"]["alertname"] for a in alerts] == ["AlwaysOn"] and alerts[0]["state"] == "firing"
+        assert [r["name"] for r in groups[0]["rules"]] == ["job:my_custom_metric:sum", "AlwaysOn"]
+        assert 'sre_agent_alerts{state="firing"} 1.0' in text
+        assert [e.kind for e in agent.events][:1] == ["firing"]
+    finally:
+        await agent.stop()

@@ -13,7 +13,8 @@ from agent.simulate.server import FleetConfig
 
 
 async def test_demo_shows_fleet_and_follows_a_scale_out() -> None:
-    """The live view lists every replica as up with live numbers, and picks up replicas added by /scale."""
+    """The live view lists every replica as up with live numbers and the bundled rules' alerts, and picks up
+    replicas added by /scale."""
     out = io.StringIO()
     cfg = FleetConfig(replicas=2, lmdeploy_replicas=1, base_port=0, control_port=0, step_s=0.2, speed=4)
     task = asyncio.create_task(run_demo(cfg, listen="127.0.0.1:0", interval="1s", duration=7, out=out))
@@ -35,3 +36,4 @@ async def test_demo_shows_fleet_and_follows_a_scale_out() -> None:
     assert [r[0] for r in rows].count("vllm") == 3 and [r[0] for r in rows].count("lmdeploy") == 1
     running = [float(r[3]) for r in rows if r[3] != "-"]
     assert len(running) == 4 and sum(running) > 0  # numbers come from the agent's store
+    assert re.search(r"FIRING\s+Watchdog", last), last  # the bundled rules are evaluated
