@@ -21,8 +21,8 @@ import structlog
 import yaml
 
 from agent import __version__, yamlcompat
-from agent.config import Config, load_config
-from agent.daemon import Agent, bundled_rules_dir
+from agent.config import Config, bundled_rules_dir, load_config
+from agent.daemon import Agent
 from agent.demo import run_demo
 from agent.errors import AgentError, ConfigError, RuleError
 from agent.logs import configure_logging

@@ -46,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "StoreConfig",
     "TargetConfig",
+    "bundled_rules_dir",
     "format_duration",
     "load_config",
     "parse_duration",
@@ -224,10 +225,16 @@ class ServerConfig(_Model):
         return int(self.listen.rpartition(":")[2])
 
 
-class RulesConfig(_Model):
-    """Prometheus rule files (globs allowed) and how to evaluate them."""
+def bundled_rules_dir() -> Path:
+    """The project's ``rules/`` directory (beside the package in a checkout or editable install)."""
+    return Path(__file__).resolve().parent.parent / "rules"
 
-    files: list[str] = Field(default_factory=list)
+
+class RulesConfig(_Model):
+    """Prometheus rule files (globs allowed) and how to evaluate them. Default: the bundled
+    health rules, so an agent with no config still pages on what the guides document."""
+
+    files: list[str] = Field(default_factory=lambda: [str(bundled_rules_dir() / "*.rules.yaml")])
     evaluation_interval: Duration = 15.0  # default for groups without their own interval
     external_labels: dict[str, str] = Field(default_factory=dict)
     external_url: str = ""

@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -41,16 +40,11 @@ from agent.server import build_app, serve
 from agent.store import KeepList, RoundWriter, Store
 from agent.telemetry import AgentCollector, build_registry
 
-__all__ = ["Agent", "bundled_rules_dir", "keep_list", "rule_paths"]
+__all__ = ["Agent", "keep_list", "rule_paths"]
 
 log = structlog.get_logger(__name__)
 
 _GC_INTERVAL_S = 60.0
-
-
-def bundled_rules_dir() -> Path:
-    """The project's ``rules/`` directory (beside the package in a checkout or editable install)."""
-    return Path(__file__).resolve().parent.parent / "rules"
 
 
 def rule_paths(patterns: list[str]) -> list[str]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent.config import Config
-from agent.daemon import Agent, bundled_rules_dir
+from agent.config import Config, bundled_rules_dir
+from agent.daemon import Agent
 from agent.discovery import instance_of
 from agent.series import is_stale
 from agent.simulate.server import Fleet, FleetConfig

@@ -197,6 +197,8 @@ class Store:
         self.retention_ms = retention_ms
         self.keep = keep if keep is not None else KeepList(None)
         self._by_name: dict[str, dict[Labels, Series]] = {}
+        #: Bumped whenever a series is created or dropped, so readers can cache selections.
+        self.generation = 0
         self.metadata: dict[str, tuple[str, str]] = {}
         self.rejected: dict[AppendResult, int] = {AppendResult.OUT_OF_ORDER: 0, AppendResult.DUPLICATE: 0}
 
@@ -213,6 +215,7 @@ class Store:
         s = bucket.get(labels)
         if s is None:
             s = bucket[labels] = Series(labels)
+            self.generation += 1
         return s
 
     def append(self, labels: Labels, ts_ms: int, value: float) -> AppendResult:
@@ -273,6 +276,7 @@ class Store:
                 dropped += s.trim_before(cutoff)
                 if not s.ts:
                     del bucket[labels]
+                    self.generation += 1
             if not bucket:
                 del self._by_name[name]
         return dropped

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from fleet import _free_port, start_fleet  # type: ignore[import-not-found]
 
-from agent.config import Config
-from agent.daemon import Agent, bundled_rules_dir
+from agent.config import Config, bundled_rules_dir
+from agent.daemon import Agent
 from agent.discovery import instance_of
 from agent.logs import configure_logging
 
@@ -68,7 +68,7 @@ async def bench_agent(urls: list[str], minutes: float, interval: float) -> dict[
 
 
 def _rule_durations(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:  # noqa: S310 - localhost
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
                    if line.startswith("prometheus_rule_group_last_duration_seconds{"))
 

@@ -74,7 +74,7 @@ def test_check_bad_config_exits_2_with_key_paths(tmp_path: Path) -> None:
 
 
 def test_run_once_prints_targets_json(tmp_path: Path, simulator: list[str]) -> None:
-    """run --once scrapes once and prints {targets, alerts} JSON; a dead target is down, exit 0."""
+    """run --once scrapes and evaluates once and prints {targets, alerts} JSON; a dead target is down, exit 0."""
     cfg = tmp_path / "a.yaml"
     dead = "http://127.0.0.1:1/metrics"
     cfg.write_text(json.dumps({"targets": [{"url": u} for u in [*simulator, dead]],
@@ -82,7 +82,10 @@ def test_run_once_prints_targets_json(tmp_path: Path, simulator: list[str]) -> N
     res = _cli("run", "--config", str(cfg), "--once")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["alerts"] == []
+    alerts = {a["labels"]["alertname"]: a for a in doc["alerts"]}  # the bundled rules, evaluated once
+    assert alerts["Watchdog"]["state"] == "firing"
+    assert alerts["VLLMTargetDown"]["state"] == "pending"  # for: 10m has not elapsed in one evaluation
+    assert alerts["VLLMTargetDown"]["labels"]["instance"] == "127.0.0.1:1"
     by_url = {t["url"]: t for t in doc["targets"]}
     assert [by_url[u]["health"] for u in simulator] == ["up", "up"]
     assert all(by_url[u]["samples"] > 100 and by_url[u]["last_error"] == "" for u in simulator)
