@@ -7,8 +7,11 @@ Why: the project's rules and dashboards are written against dcgm-exporter
 so one rule set serves both setups (DESIGN.md decision 6). Readings dcgm-exporter has no
 name for carry the ``sre_agent_`` prefix.
 
-This is the only module that touches ``pynvml`` (nvidia-ml-py), imported lazily in
-:meth:`NvmlSource.start`; tests pass ``tests/fake_pynvml.py`` instead.
+This module owns NVML's lifecycle (init, GPU enumeration, XID events, shutdown) and the error
+policy below; :mod:`agent.gpu_readings` holds what is read from each GPU and under which
+dcgm-exporter name. This is the only module that touches ``pynvml`` (nvidia-ml-py), imported
+lazily in :meth:`NvmlSource.start`, and hands the module object on; tests pass
+``tests/fake_pynvml.py`` instead.
 
 Degradation follows NVML's documented errors:
 
@@ -32,51 +35,20 @@ import time
 import types
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 from structlog.typing import FilteringBoundLogger
 
+from agent.gpu_readings import Gpu, GpuReadings, dcgm_labels
 from agent.series import Sample, labels_from
 
 __all__ = ["NvmlSource"]
 
-_MIB = 1024 * 1024
-#: NVML's scope id for "all NVLinks of the GPU", as DCGM passes it for its bandwidth total.
-_ALL_LINKS = 0xFFFFFFFF
 #: Events drained per poll; a storm beyond this waits for the next poll instead of stalling it.
 _MAX_EVENTS_PER_POLL = 256
-
-#: Simple readings: (metric, field key, pynvml function, argument constant names, scale).
-#: Keys name a reading in logs and in ``sre_agent_nvml_errors_total{field}``.
-_SCALARS: tuple[tuple[str, str, str, tuple[str, ...], float], ...] = (
-    ("DCGM_FI_DEV_GPU_TEMP", "temperature", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), 1.0),
-    ("DCGM_FI_DEV_POWER_USAGE", "power_usage", "nvmlDeviceGetPowerUsage", (), 0.001),  # mW -> W
-    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit", "nvmlDeviceGetPowerManagementLimit", (), 0.001),
-    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), 1.0),
-    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), 1.0),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe_volatile", "nvmlDeviceGetTotalEccErrors",
-     ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"), 1.0),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_dbe_volatile", "nvmlDeviceGetTotalEccErrors",
-     ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"), 1.0),
-    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "ecc_sbe_aggregate", "nvmlDeviceGetTotalEccErrors",
-     ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"), 1.0),
-    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "ecc_dbe_aggregate", "nvmlDeviceGetTotalEccErrors",
-     ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"), 1.0),
-    # KB/s over NVML's 20 ms sample window (each call blocks that long), as DCGM's fields 200/201.
-    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "pcie_tx", "nvmlDeviceGetPcieThroughput",
-     ("NVML_PCIE_UTIL_TX_BYTES",), 1.0),
-    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "pcie_rx", "nvmlDeviceGetPcieThroughput",
-     ("NVML_PCIE_UTIL_RX_BYTES",), 1.0),
-)
-_ROW_REMAP = (
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-)
 
 
 class _Lost(Exception):
@@ -99,23 +71,6 @@ class _Errors:
         return cls(lost=_classes(nvml, "NVMLError_GpuIsLost"), absent=absent,
                    no_link=absent + _classes(nvml, "NVMLError_InvalidArgument"),
                    timeout=_classes(nvml, "NVMLError_Timeout"))
-
-
-@dataclass(eq=False)
-class _Gpu:
-    index: int
-    handle: Any
-    uuid: str
-    name: str
-    pci_bus_id: str
-    labels: dict[str, str]
-    log: FilteringBoundLogger
-    lost: bool = False
-    skip: set[str] = field(default_factory=set)  # field keys NVML does not support here
-    nvlinks: list[int] | None = None  # discovered on the first poll
-    nvlink_prev: tuple[int, int] | None = None  # (KiB tx+rx, NVML timestamp in us)
-    last_xid: int = 0
-    xids: Counter[int] = field(default_factory=Counter)
 
 
 class NvmlSource:
@@ -141,9 +96,9 @@ class NvmlSource:
         self._max_processes = max_processes
         self._log: FilteringBoundLogger = logger if logger is not None else structlog.get_logger(__name__)
         self._lock = threading.Lock()
-        self._gpus: list[_Gpu] = []
-        self._by_handle: dict[object, _Gpu] = {}
-        self._scalars: list[tuple[str, str, str, tuple[Any, ...], float]] = []
+        self._gpus: list[Gpu] = []
+        self._by_handle: dict[object, Gpu] = {}
+        self._readings: GpuReadings | None = None
         self._event_set: Any = None
         self._xid_mask = 0
         self._initialized = False
@@ -188,11 +143,8 @@ class NvmlSource:
             try:
                 count = int(nvml.nvmlDeviceGetCount())
                 driver = _text(_quiet(nvml.nvmlSystemGetDriverVersion))
-                self._scalars = [
-                    (metric, key, func, tuple(getattr(nvml, a) for a in args), scale)
-                    for metric, key, func, args, scale in _SCALARS
-                    if all(hasattr(nvml, a) for a in args)
-                ]
+                self._readings = GpuReadings(nvml, call=self._read, on_error=self._failed, no_link=self._err.no_link,
+                                             proc_root=self._proc_root, max_processes=self._max_processes)
                 self._gpus, self._by_handle = [], {}
                 for index in range(count):
                     self._enumerate(index, driver)
@@ -207,7 +159,8 @@ class NvmlSource:
     def poll(self, now_ms: int) -> list[Sample]:
         """Read every GPU once. Never raises; failures become self-metrics."""
         with self._lock:
-            if not self._available:
+            readings = self._readings
+            if not self._available or readings is None:
                 return [Sample(labels_from("sre_agent_nvml_up"), 0.0, now_ms)]
             started = time.perf_counter()
             out: list[Sample] = []
@@ -216,7 +169,7 @@ class NvmlSource:
                 for gpu in self._gpus:
                     if not gpu.lost:
                         try:
-                            out.extend(self._poll_gpu(gpu, now_ms))
+                            out.extend(readings.poll(gpu, now_ms, xids=self._event_set is not None))
                         except _Lost:
                             self._mark_lost(gpu)
                     out.append(Sample(labels_from("sre_agent_gpu_lost", gpu.labels), float(gpu.lost), now_ms))
@@ -274,13 +227,9 @@ class NvmlSource:
             uuid = _text(_quiet(nvml.nvmlDeviceGetUUID, handle))
             name = _text(_quiet(nvml.nvmlDeviceGetName, handle))
             bus = _text(getattr(_quiet(nvml.nvmlDeviceGetPciInfo, handle), "busId", ""))
-        labels = {"gpu": str(index), "UUID": uuid, "pci_bus_id": bus, "device": f"nvidia{index}",
-                  "modelName": name}
-        if self._hostname:
-            labels[self._hostname_label] = self._hostname
-        if driver:
-            labels["DCGM_FI_DRIVER_VERSION"] = driver
-        gpu = _Gpu(index, handle, uuid, name, bus, labels, log.bind(uuid=uuid))
+        labels = dcgm_labels(index, uuid, name, bus, hostname=self._hostname, hostname_label=self._hostname_label,
+                             driver=driver)
+        gpu = Gpu(index, handle, uuid, name, bus, labels, log.bind(uuid=uuid))
         if handle is None:
             self._mark_lost(gpu)
         else:
@@ -323,7 +272,7 @@ class NvmlSource:
 
     # -- polling ------------------------------------------------------------------------
 
-    def _read(self, gpu: _Gpu, key: str, func: str, *args: Any, **kwargs: Any) -> Any:
+    def _read(self, gpu: Gpu, key: str, func: str, *args: Any, **kwargs: Any) -> Any:
         """One NVML call for one GPU; None when unsupported or failed. Raises _Lost."""
         if key in gpu.skip:
             return None
@@ -337,7 +286,7 @@ class NvmlSource:
             self._failed(gpu, key, exc)
             return None
 
-    def _failed(self, gpu: _Gpu, key: str, exc: BaseException) -> None:
+    def _failed(self, gpu: Gpu, key: str, exc: BaseException) -> None:
         if isinstance(exc, self._err.lost):
             raise _Lost from exc
         if isinstance(exc, self._err.absent):
@@ -345,11 +294,11 @@ class NvmlSource:
         else:
             self._count(key, exc)
 
-    def _mark_lost(self, gpu: _Gpu) -> None:
+    def _mark_lost(self, gpu: Gpu) -> None:
         gpu.lost = True
         gpu.log.warning("gpu_lost", action="skipped until the agent restarts; check dmesg for XID 79")
 
-    def _skip(self, gpu: _Gpu, key: str, why: str) -> None:
+    def _skip(self, gpu: Gpu, key: str, why: str) -> None:
         gpu.skip.add(key)
         gpu.log.debug("nvml_field_unsupported", field=key, why=why)
 
@@ -374,109 +323,6 @@ class NvmlSource:
                 gpu.last_xid = xid
                 gpu.xids[xid] += 1
                 gpu.log.warning("gpu_xid_error", xid=xid)
-
-    def _poll_gpu(self, gpu: _Gpu, now_ms: int) -> list[Sample]:
-        out: list[Sample] = []
-
-        def put(metric: str, value: float, extra: dict[str, str] | None = None) -> None:
-            labels = {**gpu.labels, **extra} if extra else gpu.labels
-            out.append(Sample(labels_from(metric, labels), float(value), now_ms))
-
-        nvml = self._nvml
-        mem = None
-        if hasattr(nvml, "nvmlMemory_v2"):
-            mem = self._read(gpu, "memory_v2", "nvmlDeviceGetMemoryInfo", version=nvml.nvmlMemory_v2)
-        if mem is None:
-            mem = self._read(gpu, "memory", "nvmlDeviceGetMemoryInfo")
-        if mem is not None:
-            put("DCGM_FI_DEV_FB_TOTAL", mem.total // _MIB)
-            put("DCGM_FI_DEV_FB_FREE", mem.free // _MIB)
-            put("DCGM_FI_DEV_FB_USED", mem.used // _MIB)
-            if getattr(mem, "reserved", None) is not None:
-                put("DCGM_FI_DEV_FB_RESERVED", mem.reserved // _MIB)
-        util = self._read(gpu, "utilization", "nvmlDeviceGetUtilizationRates")
-        if util is not None:
-            put("DCGM_FI_DEV_GPU_UTIL", util.gpu)
-            put("DCGM_FI_DEV_MEM_COPY_UTIL", util.memory)
-        for metric, key, func, args, scale in self._scalars:
-            value = self._read(gpu, key, func, *args)
-            if value is not None:
-                put(metric, value * scale)
-        # DCGM 3.3 renamed the field and NVML the call; the bitmask is the same.
-        reasons = self._read(gpu, "clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
-        if reasons is None and "clocks_event_reasons" in gpu.skip:
-            reasons = self._read(gpu, "clocks_throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
-        if reasons is not None:
-            put("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", reasons)
-        rows = self._read(gpu, "remapped_rows", "nvmlDeviceGetRemappedRows")
-        if rows is not None:
-            for metric, value in zip(_ROW_REMAP, rows, strict=True):
-                put(metric, value)
-        if self._event_set is not None and "xid_events" not in gpu.skip:
-            put("DCGM_FI_DEV_XID_ERRORS", gpu.last_xid)
-            for xid, n in sorted(gpu.xids.items()):
-                put("sre_agent_gpu_xid_errors_total", n, {"xid": str(xid)})
-        self._poll_nvlink(gpu, put, now_ms)
-        self._poll_processes(gpu, put)
-        return out
-
-    def _poll_nvlink(self, gpu: _Gpu, put: Callable[..., None], now_ms: int) -> None:
-        nvml = self._nvml
-        probing = gpu.nvlinks is None  # try every possible link until one poll answers cleanly
-        if "nvlink_state" not in gpu.skip:
-            found: list[int] = []
-            for link in range(nvml.NVML_NVLINK_MAX_LINKS) if gpu.nvlinks is None else gpu.nvlinks:
-                try:
-                    state = nvml.nvmlDeviceGetNvLinkState(gpu.handle, link)
-                except Exception as exc:
-                    if probing and isinstance(exc, self._err.no_link):
-                        continue  # no such link on this GPU
-                    self._failed(gpu, "nvlink_state", exc)
-                    probing = False  # an error is not an answer: probe again next poll
-                    continue
-                up = 1.0 if state == nvml.NVML_FEATURE_ENABLED else 0.0
-                put("sre_agent_gpu_nvlink_up", up, {"link": str(link)})
-                found.append(link)
-            if probing:
-                gpu.nvlinks = found
-                gpu.log.debug("nvml_nvlinks", links=len(found))
-        if not gpu.nvlinks or "nvlink_bandwidth" in gpu.skip:
-            return
-        ids = [(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
-               (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS)]
-        values = self._read(gpu, "nvlink_bandwidth", "nvmlDeviceGetFieldValues", ids)
-        if values is None:
-            return
-        total, stamp = 0, 0
-        for fv in values:
-            if fv.nvmlReturn != nvml.NVML_SUCCESS:
-                self._failed(gpu, "nvlink_bandwidth", nvml.NVMLError(fv.nvmlReturn))
-                return
-            total += int(fv.value.ullVal)
-            stamp = max(stamp, int(fv.timestamp))
-        stamp = stamp or now_ms * 1000
-        prev, gpu.nvlink_prev = gpu.nvlink_prev, (total, stamp)
-        rate = 0.0  # DCGM's rule: first reading 0, then KiB delta / seconds / 1000 ("MB/s")
-        if prev is not None and stamp > prev[1] and total >= prev[0]:
-            rate = (total - prev[0]) / ((stamp - prev[1]) / 1e6) / 1000.0
-        put("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", rate)
-
-    def _poll_processes(self, gpu: _Gpu, put: Callable[..., None]) -> None:
-        procs = self._read(gpu, "processes", "nvmlDeviceGetComputeRunningProcesses")
-        if procs is None:
-            return
-        put("sre_agent_gpu_processes", len(procs))
-        known = [p for p in procs if p.usedGpuMemory is not None]  # None: not visible (MIG, WDDM)
-        for proc in sorted(known, key=lambda p: int(p.usedGpuMemory), reverse=True)[: self._max_processes]:
-            labels = {"pid": str(proc.pid), "process_name": self._comm(int(proc.pid))}
-            put("sre_agent_gpu_process_memory_bytes", int(proc.usedGpuMemory), labels)
-
-    def _comm(self, pid: int) -> str:
-        try:
-            name = (self._proc_root / str(pid) / "comm").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "unknown"
-        return name.strip() or "unknown"
 
 
 def _classes(nvml: Any, *names: str) -> tuple[type[BaseException], ...]:
