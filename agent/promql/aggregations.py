@@ -2,8 +2,9 @@
 ``stddev``, ``stdvar``, ``quantile``, ``topk``, ``bottomk``, ``count_values``.
 
 A rule like ``sum by (model_name) (rate(...))`` runs this over every series each
-interval, so the grouping key is built once per element straight from the sorted label
-tuple (which is also the output label set) and each operator has its own tight loop.
+interval, so the grouping key (which is also the output label set) is built straight
+from the sorted label tuple, memoised per label set across evaluations (a rule sees the
+same label sets every interval), and each operator has its own tight loop.
 Semantics are Prometheus 2.42's: ``by`` keeps only the listed labels, ``without``
 removes them and ``__name__``; groups appear in order of first element; ``avg`` is an
 incremental mean (no overflow near the float64 limit); ``min``/``max`` skip NaN unless
@@ -21,7 +22,7 @@ from agent.errors import PromQLError
 from agent.promql.gomath import format_float, format_g, int64_ok
 from agent.promql.nodes import Aggregate
 from agent.promql.rangefuncs import quantile
-from agent.promql.values import Vec
+from agent.promql.values import Memo, Vec
 from agent.series import METRIC_NAME, Labels
 
 __all__ = ["aggregate"]
@@ -49,37 +50,53 @@ def _key_fn(without: bool, grouping: tuple[str, ...]) -> Callable[[Labels], Labe
     return lambda ls: tuple(p for p in ls if p[0] in keep)
 
 
+#: One memo of group keys per grouping (``without``, labels); distinct groupings come
+#: from distinct queries, so the limit only matters for a stream of ad-hoc queries.
+_KEY_MEMOS: dict[tuple[bool, tuple[str, ...]], Memo[Labels, Labels]] = {}
+_KEY_MEMOS_LIMIT = 256
+
+
+def _group_keys(without: bool, grouping: tuple[str, ...]) -> Memo[Labels, Labels]:
+    """The memo of a grouping's keys: ``keys[labels]`` is the group key of ``labels``."""
+    memo = _KEY_MEMOS.get((without, grouping))
+    if memo is None:
+        if len(_KEY_MEMOS) >= _KEY_MEMOS_LIMIT:
+            _KEY_MEMOS.clear()
+        memo = _KEY_MEMOS[(without, grouping)] = Memo(_key_fn(without, grouping))
+    return memo
+
+
 def aggregate(node: Aggregate, vec: Vec, param: float | str | None) -> Vec:
     op = node.op
     if op == "count_values":
         assert isinstance(param, str)
         return _count_values(node, vec, param)
-    key = _key_fn(node.without, node.grouping)
+    keys = _group_keys(node.without, node.grouping)
     if op == "sum":
         sums: dict[Labels, float] = {}
         get = sums.get
         for ls, v in vec:
-            k = key(ls)
+            k = keys[ls]
             prev = get(k)
             sums[k] = v if prev is None else prev + v
         return list(sums.items())
     if op in ("count", "group"):
         counts: dict[Labels, float] = {}
         for ls, _ in vec:
-            k = key(ls)
+            k = keys[ls]
             counts[k] = counts.get(k, 0.0) + 1.0
         return [(k, 1.0 if op == "group" else c) for k, c in counts.items()]
     if op in ("min", "max"):
-        return _min_max(op == "max", key, vec)
+        return _min_max(op == "max", keys, vec)
     if op == "avg":
-        return _avg(key, vec)
+        return _avg(keys, vec)
     if op in ("stddev", "stdvar"):
-        return _variance(op == "stddev", key, vec)
+        return _variance(op == "stddev", keys, vec)
     if op in ("topk", "bottomk", "quantile"):
         assert isinstance(param, float)
         members: dict[Labels, Vec] = {}
         for s in vec:
-            k = key(s[0])
+            k = keys[s[0]]
             group = members.get(k)
             if group is None:
                 members[k] = [s]
@@ -91,20 +108,20 @@ def aggregate(node: Aggregate, vec: Vec, param: float | str | None) -> Vec:
     raise PromQLError(f"unknown aggregation {op}")  # syntax.parse admits only the above
 
 
-def _min_max(is_max: bool, key: Callable[[Labels], Labels], vec: Vec) -> Vec:
+def _min_max(is_max: bool, keys: Memo[Labels, Labels], vec: Vec) -> Vec:
     acc: dict[Labels, float] = {}
     for ls, v in vec:
-        k = key(ls)
+        k = keys[ls]
         cur = acc.get(k)
         if cur is None or math.isnan(cur) or (v > cur if is_max else v < cur):
             acc[k] = v
     return list(acc.items())
 
 
-def _avg(key: Callable[[Labels], Labels], vec: Vec) -> Vec:
+def _avg(keys: Memo[Labels, Labels], vec: Vec) -> Vec:
     acc: dict[Labels, list[float]] = {}  # [mean, count]
     for ls, v in vec:
-        k = key(ls)
+        k = keys[ls]
         state = acc.get(k)
         if state is None:
             acc[k] = [v, 1.0]
@@ -120,10 +137,10 @@ def _avg(key: Callable[[Labels], Labels], vec: Vec) -> Vec:
     return [(k, s[0]) for k, s in acc.items()]
 
 
-def _variance(sqrt: bool, key: Callable[[Labels], Labels], vec: Vec) -> Vec:
+def _variance(sqrt: bool, keys: Memo[Labels, Labels], vec: Vec) -> Vec:
     acc: dict[Labels, list[float]] = {}  # [count, mean, sum of squared deviations]
     for ls, v in vec:
-        k = key(ls)
+        k = keys[ls]
         state = acc.get(k)
         if state is None:
             acc[k] = [1.0, v, 0.0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from agent.promql.gomath import div, parse_float
-from agent.promql.values import Vec, check_unique
+from agent.promql.values import Memo, Vec, check_unique
 from agent.series import METRIC_NAME, Labels
 
 __all__ = ["bucket_quantile", "histogram_quantile"]
@@ -24,25 +24,43 @@ __all__ = ["bucket_quantile", "histogram_quantile"]
 BUCKET_LABEL = "le"
 
 
+def _bucket_of(labels: Labels) -> tuple[Labels, float] | None:
+    """A bucket's group key (its labels less ``le``) and upper bound; None when it has
+    no ``le`` or one Go cannot parse (Prometheus skips such a sample)."""
+    le: str | None = None
+    for k, v in labels:
+        if k == BUCKET_LABEL:
+            le = v
+            break
+    bound = parse_float(le) if le is not None else None
+    if bound is None:
+        return None
+    return tuple(p for p in labels if p[0] != BUCKET_LABEL), bound
+
+
+#: Label set -> (group key, bound), and group key -> result labels (no ``__name__``):
+#: memoised because a rule sees the same buckets every interval, and since the group
+#: keys come out of the first memo as the same objects, the second one hits by identity.
+_BUCKETS: Memo[Labels, tuple[Labels, float] | None] = Memo(_bucket_of)
+_RESULT_LABELS: Memo[Labels, Labels] = Memo(lambda key: tuple(p for p in key if p[0] != METRIC_NAME))
+
+
 def histogram_quantile(q: float, vec: Vec) -> Vec:
     groups: dict[Labels, list[tuple[float, float]]] = {}
+    get = groups.get
+    buckets_of = _BUCKETS
     for labels, value in vec:
-        le: str | None = None
-        for k, v in labels:
-            if k == BUCKET_LABEL:
-                le = v
-                break
-        bound = parse_float(le) if le is not None else None
-        if bound is None:
-            continue  # no or malformed bucket label: Prometheus skips the sample
-        key = tuple(p for p in labels if p[0] != BUCKET_LABEL)
-        bucket = groups.get(key)
+        found = buckets_of[labels]
+        if found is None:
+            continue
+        key, bound = found
+        bucket = get(key)
         if bucket is None:
-            bucket = groups[key] = []
-        bucket.append((bound, value))
-    out: Vec = [
-        (tuple(p for p in key if p[0] != METRIC_NAME), bucket_quantile(q, buckets)) for key, buckets in groups.items()
-    ]
+            groups[key] = [(bound, value)]
+        else:
+            bucket.append((bound, value))
+    result_labels = _RESULT_LABELS
+    out: Vec = [(result_labels[key], bucket_quantile(q, buckets)) for key, buckets in groups.items()]
     return check_unique(out) if len(out) > 1 else out
 
 

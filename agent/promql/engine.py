@@ -8,11 +8,16 @@ once per interval) is exactly one pass.
 
 What keeps it fast enough for rule evaluation over a large fleet:
 
-* each selector's series set is looked up in the store once per evaluation (and once
-  per range query or subquery, not per step), keyed by its matchers;
+* each selector's series set is matched once and kept, with its label sets less
+  ``__name__``; when the store creates or drops series only the new ones are matched
+  (:mod:`.selectors`);
 * samples are read from the store's typed arrays with ``bisect``; a range function
   gets the window as array slices (C copies, no per-sample Python object), and stale
-  markers are filtered only when a window holds a NaN at all;
+  markers are filtered only when a window holds a NaN at all; ``rate``/``increase``/
+  ``delta`` over a selector read only each window's ends where the selection has
+  already checked its samples for NaNs and counter resets;
+* operators memoise what they derive from label sets (group keys, match signatures,
+  histogram bucket keys) across evaluations (:class:`~agent.promql.values.Memo`);
 * instant vectors are lists of ``(labels, value)`` tuples; public :class:`Sample`
   objects are built once, at the end.
 
@@ -26,11 +31,11 @@ markers; ``offset`` shifts both back, ``@`` pins the time; a subquery
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from agent.errors import PromQLError
+from agent.promql import selectors
 from agent.promql.aggregations import aggregate
 from agent.promql.functions import FUNCTIONS, absent_labels
 from agent.promql.matching import scalar_binop, vector_binop, vector_scalar_binop
@@ -48,16 +53,14 @@ from agent.promql.nodes import (
     Unary,
     VectorSel,
 )
-from agent.promql.rangefuncs import RANGE_FUNCTIONS, Frame, RangeFunction
+from agent.promql.rangefuncs import RANGE_FUNCTIONS, Frame, RangeFunction, extrapolated
+from agent.promql.selectors import SelectionCache, Window
 from agent.promql.syntax import parse
-from agent.promql.values import Matrix, MatrixSeries, Sample, Scalar, String, Value, Vec, drop_names
-from agent.series import Labels, is_stale
-from agent.store import Series, Store
+from agent.promql.values import Matrix, MatrixSeries, Sample, Scalar, String, Value, Vec, check_unique, drop_names
+from agent.series import Labels
+from agent.store import Store
 
 __all__ = ["Engine"]
-
-#: One series' points inside a range window: labels, timestamps (ms), values.
-Window = tuple[Labels, Sequence[int], Sequence[float]]
 
 _PARSE_CACHE_SIZE = 1024
 
@@ -76,6 +79,8 @@ class Engine:
         self.store = store
         self.lookback_ms = lookback_ms
         self.subquery_step_ms = subquery_step_ms
+        #: Each selector's matched series and per-series state, kept across evaluations.
+        self.selections = SelectionCache(store)
         self._parsed: dict[str, Expr] = {}
 
     def _expr(self, expr: Expr | str) -> Expr:
@@ -133,12 +138,11 @@ class _Evaluation:
     series each selector matched, looked up once."""
 
     def __init__(self, engine: Engine, start_ms: int, end_ms: int) -> None:
-        self.store = engine.store
         self.lookback = engine.lookback_ms
         self.sub_step = engine.subquery_step_ms
         self.start = start_ms
         self.end = end_ms
-        self._series: dict[tuple[tuple[str, str, str], ...], list[Series]] = {}
+        self._selections = engine.selections
         self._dispatch: dict[type[Node], Callable[[Any, int], Any]] = {
             NumberLit: lambda n, t: n.value,
             StringLit: lambda n, t: n.value,
@@ -155,12 +159,6 @@ class _Evaluation:
         return self._dispatch[type(node)](node, ts)
 
     # -- selectors --------------------------------------------------------------
-    def _select(self, sel: VectorSel) -> list[Series]:
-        found = self._series.get(sel.key)
-        if found is None:
-            found = self._series[sel.key] = list(self.store.iter_series(sel.matchers))
-        return found
-
     def _ref(self, at: At | None, ts: int) -> int:
         if at is None:
             return ts
@@ -170,41 +168,15 @@ class _Evaluation:
 
     def _vector(self, sel: VectorSel, ts: int, *, sample_times: bool = False) -> Vec:
         ref = self._ref(sel.at, ts) - sel.offset_ms
-        oldest = ref - self.lookback
-        out: Vec = []
-        for s in self._select(sel):
-            times = s.ts
-            j = bisect_right(times, ref)
-            if j == 0 or times[j - 1] < oldest:
-                continue
-            v = s.vals[j - 1]
-            if v != v and is_stale(v):  # noqa: PLR0124 - a NaN test without a call, per series
-                continue
-            out.append((s.labels, times[j - 1] / 1000 if sample_times else v))
-        return out
+        return selectors.instant(self._selections.get(sel), ref, self.lookback, sample_times)
+
+    def _bounds(self, node: MatrixSel, ts: int) -> tuple[int, int]:
+        maxt = self._ref(node.sel.at, ts) - node.sel.offset_ms
+        return maxt - node.range_ms, maxt
 
     def _windows(self, node: MatrixSel, ts: int) -> tuple[list[Window], int, int]:
-        sel = node.sel
-        maxt = self._ref(sel.at, ts) - sel.offset_ms
-        mint = maxt - node.range_ms
-        out: list[Window] = []
-        for s in self._select(sel):
-            times = s.ts
-            i = bisect_left(times, mint)
-            j = bisect_right(times, maxt)
-            if i == j:
-                continue
-            vs = s.vals[i:j]
-            total = sum(vs)
-            if total != total:  # noqa: PLR0124 - a NaN somewhere: maybe stale markers to drop
-                keep = [k for k, v in enumerate(vs) if not is_stale(v)]
-                if not keep:
-                    continue
-                if len(keep) < len(vs):
-                    out.append((s.labels, [times[i + k] for k in keep], [vs[k] for k in keep]))
-                    continue
-            out.append((s.labels, times[i:j], vs))
-        return out, mint, maxt
+        mint, maxt = self._bounds(node, ts)
+        return selectors.windows(self._selections.get(node.sel), mint, maxt), mint, maxt
 
     def _subquery(self, node: Subquery, ts: int) -> tuple[list[Window], int, int]:
         end = self._ref(node.at, ts) - node.offset_ms
@@ -282,12 +254,27 @@ class _Evaluation:
         for i, arg in enumerate(node.args):
             if i != spec.matrix_arg:
                 param = self.eval(arg, ts)
-        windows, mint, maxt = self._range_input(node.args[spec.matrix_arg], ts)
+        arg = node.args[spec.matrix_arg]
+        if isinstance(arg, MatrixSel) and not spec.keep_name:
+            # Over a selector the cached name-less label sets replace drop_names().
+            sel = self._selections.get(arg.sel)
+            mint, maxt = self._bounds(arg, ts)
+            if spec.extrapolation is not None:
+                counter, per_second = spec.extrapolation
+                out = extrapolated(selectors.extents(sel, mint, maxt, counter), mint, maxt, counter, per_second)
+            else:
+                out = self._apply(spec, selectors.windows(sel, mint, maxt, sel.unnamed), Frame(mint, maxt, ts, param))
+            return check_unique(out) if sel.mixed and len(out) > 1 else out
+        windows, mint, maxt = self._range_input(arg, ts)
+        out = self._apply(spec, windows, Frame(mint, maxt, ts, param))
+        return out if spec.keep_name else drop_names(out)
+
+    @staticmethod
+    def _apply(spec: RangeFunction, windows: list[Window], frame: Frame) -> Vec:
         fn = spec.fn
-        frame = Frame(mint, maxt, ts, param)
         out: Vec = []
         for labels, times, vs in windows:
             v = fn(times, vs, frame)
             if v is not None:
                 out.append((labels, v))
-        return out if spec.keep_name else drop_names(out)
+        return out

@@ -16,12 +16,14 @@ line with compensated sums.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.promql.gomath import div
+from agent.promql.values import Vec
+from agent.series import Labels
 
-__all__ = ["RANGE_FUNCTIONS", "Frame", "RangeFunction", "quantile"]
+__all__ = ["RANGE_FUNCTIONS", "Extent", "Frame", "RangeFunction", "change", "extrapolated", "quantile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +46,20 @@ class RangeFunction:
     fn: RangeFn
     matrix_arg: int = 0  # which argument is the range vector (1 for quantile_over_time)
     keep_name: bool = False  # only last_over_time keeps __name__
+    #: ``(counter, per_second)`` for rate/increase/delta: over a selector the engine then
+    #: runs :func:`extrapolated` on the store's arrays directly.
+    extrapolation: tuple[bool, bool] | None = None
 
 
-def _extrapolated(ts: Sequence[int], vs: Sequence[float], w: Frame, counter: bool, per_second: bool) -> float | None:
-    n = len(vs)
-    if n < 2:
-        return None
+#: One series' window for :func:`extrapolated`: its labels, first value, change over the
+#: window (:func:`change`), number of points (at least two, stale markers removed), and
+#: the timestamps (ms) of the first and the last point.
+Extent = tuple[Labels, float, float, int, int, int]
+
+
+def change(vs: Sequence[float], counter: bool) -> float:
+    """Last minus first value; for a counter also plus the value before each decrease,
+    which Prometheus takes for a reset (the counter restarted from zero)."""
     first = vs[0]
     result = vs[-1] - first
     if counter:
@@ -58,24 +68,48 @@ def _extrapolated(ts: Sequence[int], vs: Sequence[float], w: Frame, counter: boo
             if v < prev:
                 result += prev
             prev = v
-    mint, maxt = w.mint, w.maxt
-    first_t, last_t = ts[0], ts[-1]
-    to_start = (first_t - mint) / 1000
-    to_end = (maxt - last_t) / 1000
-    sampled = (last_t - first_t) / 1000
-    average = sampled / (n - 1)
-    if counter and result > 0 and first >= 0:
-        # A counter cannot have been below zero: do not extrapolate past its zero point.
-        to_zero = sampled * (first / result)
-        to_start = min(to_start, to_zero)
-    threshold = average * 1.1
-    interval = sampled
-    interval += to_start if to_start < threshold else average / 2
-    interval += to_end if to_end < threshold else average / 2
-    factor = interval / sampled
-    if per_second:
-        factor /= (maxt - mint) / 1000
-    return result * factor
+    return result
+
+
+def extrapolated(windows: Iterable[Extent], mint: int, maxt: int, counter: bool, per_second: bool) -> Vec:
+    """``rate`` (``counter``, ``per_second``), ``increase`` (``counter``) or ``delta``
+    of every window in ``[mint, maxt]`` (ms), in order.
+
+    One loop over all windows rather than a call per series: ``rate`` over histogram
+    buckets is the bulk of a rule evaluation, and a call costs as much as the
+    arithmetic. A window comes as its first value, change and end times, so the engine
+    can stream them straight from the store's arrays (:func:`.selectors.extents`),
+    skipping the reset scan where it knows there is none. The arithmetic is
+    Prometheus' ``extrapolatedRate``, the same operations in the same order.
+    """
+    out: Vec = []
+    append = out.append
+    range_s = (maxt - mint) / 1000
+    for labels, first, result, n, first_t, last_t in windows:
+        to_start = (first_t - mint) / 1000
+        to_end = (maxt - last_t) / 1000
+        sampled = (last_t - first_t) / 1000
+        average = sampled / (n - 1)
+        if counter and result > 0 and first >= 0:
+            # A counter cannot have been below zero: do not extrapolate past its zero point.
+            to_zero = sampled * (first / result)
+            to_start = min(to_start, to_zero)
+        threshold = average * 1.1
+        interval = sampled
+        interval += to_start if to_start < threshold else average / 2
+        interval += to_end if to_end < threshold else average / 2
+        factor = interval / sampled
+        if per_second:
+            factor /= range_s
+        append((labels, result * factor))
+    return out
+
+
+def _extrapolated(ts: Sequence[int], vs: Sequence[float], w: Frame, counter: bool, per_second: bool) -> float | None:
+    if len(vs) < 2:
+        return None
+    window = ((), vs[0], change(vs, counter), len(vs), ts[0], ts[-1])
+    return extrapolated([window], w.mint, w.maxt, counter, per_second)[0][1]
 
 
 def _rate(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
@@ -180,12 +214,13 @@ def _avg(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
     # An incremental mean, so values near the float64 limit do not overflow a sum.
     mean = 0.0
     count = 0.0
+    isinf = math.isinf  # a local: this loop runs once per sample of every window
     for v in vs:
         count += 1
-        if math.isinf(mean):
-            if math.isinf(v) and (mean > 0) == (v > 0):
+        if isinf(mean):
+            if isinf(v) and (mean > 0) == (v > 0):
                 continue  # Inf of the same sign: the mean is already right
-            if not math.isinf(v) and not math.isnan(v):
+            if not isinf(v) and v == v:  # noqa: PLR0124 - v is not NaN
                 continue  # an infinite mean stays infinite
         mean += v / count - mean / count
     return mean
@@ -202,7 +237,7 @@ def _count(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
 def _min(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
     out = vs[0]
     for v in vs:
-        if v < out or math.isnan(out):
+        if v < out or out != out:  # noqa: PLR0124 - out is NaN: any value replaces it
             out = v
     return out
 
@@ -210,7 +245,7 @@ def _min(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
 def _max(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
     out = vs[0]
     for v in vs:
-        if v > out or math.isnan(out):
+        if v > out or out != out:  # noqa: PLR0124 - out is NaN: any value replaces it
             out = v
     return out
 
@@ -266,9 +301,9 @@ def _present(ts: Sequence[int], vs: Sequence[float], w: Frame) -> float | None:
 
 
 RANGE_FUNCTIONS: dict[str, RangeFunction] = {
-    "rate": RangeFunction(_rate),
-    "increase": RangeFunction(_increase),
-    "delta": RangeFunction(_delta),
+    "rate": RangeFunction(_rate, extrapolation=(True, True)),
+    "increase": RangeFunction(_increase, extrapolation=(True, False)),
+    "delta": RangeFunction(_delta, extrapolation=(False, False)),
     "irate": RangeFunction(_irate),
     "idelta": RangeFunction(_idelta),
     "resets": RangeFunction(_resets),
