@@ -185,6 +185,21 @@ class Agent:
         for g in self.rules.groups:
             self.evaluate(g)
 
+    # APScheduler runs plain functions in a thread pool; these coroutine wrappers keep rule
+    # evaluation and retention on the event loop, where scrapes write: the store and the
+    # engine's caches are single-threaded by design.
+    async def _evaluate_job(self, group: Group) -> None:
+        self.evaluate(group)
+
+    async def _scrape_job(self) -> None:
+        try:
+            await self.scrape_cycle()
+        except asyncio.CancelledError:  # shutdown while a cycle was in flight: nothing to report
+            log.debug("scrape cycle cancelled by shutdown")
+
+    async def _gc_job(self) -> None:
+        self.gc()
+
     def gc(self) -> None:
         dropped = self.store.gc(int(self._clock() * 1000))
         if dropped:
@@ -203,16 +218,16 @@ class Agent:
             log.info("serving", listen=f"{cfg.server.host}:{self.port}")
         sched = AsyncIOScheduler()
         first = datetime.now(UTC)  # run immediately, then every interval
-        sched.add_job(self.scrape_cycle, "interval", seconds=cfg.scrape.interval, id="scrape",
+        sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval, id="scrape",
                       max_instances=1, coalesce=True, next_run_time=first)
         if self.nvml is not None:
             sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
                           max_instances=1, coalesce=True, next_run_time=first)
         first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
         for i, group in enumerate(self.rules.groups):
-            sched.add_job(self.evaluate, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
+            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
                           max_instances=1, coalesce=True, next_run_time=first_eval)
-        sched.add_job(self.gc, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
+        sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         sched.start()
         self._scheduler = sched
         log.info("agent started", targets=len(cfg.targets), file_sd=len(cfg.file_sd),

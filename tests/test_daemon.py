@@ -169,3 +169,35 @@ async def test_rules_evaluated_and_served(fleet: Fleet, tmp_path: Path) -> None:
         assert [e.kind for e in agent.events][:1] == ["firing"]
     finally:
         await agent.stop()
+
+
+async def test_jobs_run_on_the_event_loop_thread(fleet: Fleet, tmp_path: Path) -> None:
+    """Scrapes, rule evaluation and retention all run on the loop's thread (the store is single-threaded)."""
+    import threading
+
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: A\n        expr: vector(1)\n")
+    agent = Agent(_config(fleet, rules={"files": [str(rules)]}), nvml_module=FakeNvml().module, hostname="n")
+    threads: set[int] = set()
+    real_evaluate, real_gc = agent.evaluate, agent.gc
+
+    def evaluate(group: object) -> None:
+        threads.add(threading.get_ident())
+        real_evaluate(group)  # type: ignore[arg-type]
+
+    def gc() -> None:
+        threads.add(threading.get_ident())
+        real_gc()
+
+    agent.evaluate, agent.gc = evaluate, gc  # type: ignore[method-assign]
+    await agent.start(serve_http=False)
+    try:
+        await agent._gc_job()
+        for _ in range(100):
+            if agent.rules.alerts():
+                break
+            await asyncio.sleep(0.05)
+        assert agent.rules.alerts()
+        assert threads == {threading.get_ident()}
+    finally:
+        await agent.stop()
