@@ -136,6 +136,13 @@ def bench_prometheus(binary: str, urls: list[str], cycles: int, interval: float)
             "samples_per_cycle": scraped / cycles, "rss_mib": rss}
 
 
+def find_prometheus(choice: str) -> str | None:
+    """``--prometheus``: 'auto' looks on PATH, 'off' disables, anything else is a path."""
+    if choice == "auto":
+        return shutil.which("prometheus")
+    return None if choice == "off" else choice
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", type=int, nargs="+", default=[100, 1000])
@@ -144,8 +151,7 @@ def main() -> None:
     ap.add_argument("--prometheus", default="auto", help="path to prometheus, 'auto' (PATH) or 'off'")
     args = ap.parse_args()
     configure_logging("console", "warning")
-    prom = shutil.which("prometheus") if args.prometheus == "auto" else (
-        None if args.prometheus == "off" else args.prometheus)
+    prom = find_prometheus(args.prometheus)
     for n in args.targets:
         fleet, urls = start_fleet(n)
         try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import signal
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from fleet import _free_port, start_fleet  # type: ignore[import-not-found]
+from fleet import _free_port, find_prometheus, start_fleet  # type: ignore[import-not-found]
 
 from agent.config import Config, bundled_rules_dir
 from agent.daemon import Agent
@@ -114,8 +113,7 @@ def main() -> None:
     ap.add_argument("--prometheus", default="auto", help="path to prometheus, 'auto' (PATH) or 'off'")
     args = ap.parse_args()
     configure_logging("console", "warning")
-    prom = shutil.which("prometheus") if args.prometheus == "auto" else (
-        None if args.prometheus == "off" else args.prometheus)
+    prom = find_prometheus(args.prometheus)
     for n in args.targets:
         fleet, urls = start_fleet(n)
         try:
