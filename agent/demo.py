@@ -9,7 +9,6 @@ the agent's own store (not the simulator), so what it shows is what the agent sa
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import json
 import sys
@@ -22,13 +21,21 @@ from typing import Any, TextIO
 from agent.config import Config, bundled_rules_dir
 from agent.daemon import Agent
 from agent.discovery import instance_of
-from agent.series import is_stale
+from agent.promql import Sample
 from agent.simulate.server import Fleet, FleetConfig
-from agent.store import Matcher, Store
 
 __all__ = ["FleetRow", "fleet_rows", "render_view", "run_demo"]
 
-_RATE_WINDOW_MS = 30_000
+#: The view's columns as PromQL, one query per column over every instance (``{p}`` is
+#: ``vllm:`` or ``lmdeploy:``); the agent's own engine answers them from its store.
+_COLUMNS = {
+    "running": "sum by (instance) ({p}num_requests_running)",
+    "waiting": "sum by (instance) ({p}num_requests_waiting)",
+    "kv_usage": "max by (instance) ({p}kv_cache_usage_perc or {p}gpu_cache_usage_perc)",
+    "gen_tokens_per_s": "sum by (instance) (rate({p}generation_tokens_total[1m]))",
+    "ttft_p99_s": "histogram_quantile(0.99, sum by (instance, le) (rate({p}time_to_first_token_seconds_bucket[1m])))",
+    "preemptions_per_s": "sum by (instance) (rate({p}num_preemptions_total[1m]))",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,86 +52,25 @@ class FleetRow:
     preemptions_per_s: float | None
 
 
-def _last(store: Store, prefix: str, names: tuple[str, ...], instance: str) -> float | None:
-    """Sum over series of the first name (e.g. V1 then V0 spelling) that has fresh data."""
-    for name in names:
-        total, found = 0.0, False
-        for s in store.iter_series([Matcher("__name__", "=", prefix + name), Matcher("instance", "=", instance)]):
-            if s.vals and not is_stale(s.vals[-1]):
-                total += s.vals[-1]
-                found = True
-        if found:
-            return total
-    return None
-
-
-def _increase(ts: Any, vals: Any, now_ms: int) -> tuple[float, float] | None:
-    """Counter increase and seconds covered over the last window (reset-aware)."""
-    j = len(vals)
-    if j < 2 or is_stale(vals[-1]):
-        return None
-    i = max(bisect.bisect_left(ts, now_ms - _RATE_WINDOW_MS), 0)
-    if j - i < 2:
-        i = j - 2
-    inc = 0.0
-    for k in range(i + 1, j):
-        a, b = vals[k - 1], vals[k]
-        if is_stale(a) or is_stale(b):
-            continue
-        inc += b - a if b >= a else b
-    return inc, (ts[j - 1] - ts[i]) / 1000
-
-
-def _rate(store: Store, prefix: str, name: str, instance: str, now_ms: int) -> float | None:
-    total, found = 0.0, False
-    for s in store.iter_series([Matcher("__name__", "=", prefix + name), Matcher("instance", "=", instance)]):
-        r = _increase(s.ts, s.vals, now_ms)
-        if r and r[1] > 0:
-            total += r[0] / r[1]
-            found = True
-    return total if found else None
-
-
-def _p99(store: Store, prefix: str, name: str, instance: str, now_ms: int) -> float | None:
-    """The 99th percentile from classic buckets' increase over the window."""
-    by_le: dict[float, float] = {}
-    for s in store.iter_series([Matcher("__name__", "=", f"{prefix}{name}_bucket"),
-                                Matcher("instance", "=", instance)]):
-        r = _increase(s.ts, s.vals, now_ms)
-        if r is not None:
-            le = float(dict(s.labels)["le"])
-            by_le[le] = by_le.get(le, 0.0) + r[0]
-    if not by_le or by_le.get(float("inf"), 0.0) <= 0:
-        return None
-    bounds = sorted(by_le)
-    rank = 0.99 * by_le[float("inf")]
-    prev_b, prev_c = 0.0, 0.0
-    for b in bounds:
-        c = by_le[b]
-        if c >= rank:
-            if b == float("inf"):
-                return prev_b
-            return prev_b + (b - prev_b) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
-        prev_b, prev_c = b, c
-    return None
+def _by_instance(agent: Agent, query: str, now_ms: int) -> dict[str, float]:
+    result = agent.engine.instant(query, now_ms)
+    if not isinstance(result, list):
+        return {}
+    return {dict(s.labels).get("instance", ""): s.value for s in result if isinstance(s, Sample)}
 
 
 def fleet_rows(agent: Agent) -> list[FleetRow]:
-    store, now_ms = agent.store, int(time.time() * 1000)
+    now_ms = int(time.time() * 1000)
+    columns = {
+        (prefix, name): _by_instance(agent, query.format(p=prefix), now_ms)
+        for prefix in ("vllm:", "lmdeploy:") for name, query in _COLUMNS.items()
+    }
     rows = []
     for t in agent.scraper.targets.values():
-        inst = t.spec.instance
-        p = "lmdeploy:" if t.spec.job == "lmdeploy" else "vllm:"
-        ttft = _p99(store, p, "time_to_first_token_seconds", inst, now_ms)
-        rows.append(FleetRow(
-            job=t.spec.job, instance=inst, health=t.health, error=t.last_error,
-            running=_last(store, p, ("num_requests_running",), inst),
-            waiting=_last(store, p, ("num_requests_waiting",), inst),
-            kv_usage=_last(store, p, ("kv_cache_usage_perc", "gpu_cache_usage_perc"), inst),
-            gen_tokens_per_s=_rate(store, p, "generation_tokens_total", inst, now_ms),
-            ttft_p99_s=ttft,
-            preemptions_per_s=_rate(store, p, "num_preemptions_total", inst, now_ms),
-        ))
+        prefix = "lmdeploy:" if t.spec.job == "lmdeploy" else "vllm:"
+        values = {name: columns[(prefix, name)].get(t.spec.instance) for name in _COLUMNS}
+        rows.append(FleetRow(job=t.spec.job, instance=t.spec.instance, health=t.health, error=t.last_error,
+                             **values))
     return sorted(rows, key=lambda r: (r.job, r.instance))
 
 
