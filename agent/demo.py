@@ -110,12 +110,11 @@ def render_view(agent: Agent, scenario: str, started: float, clear: bool) -> str
     return ("\x1b[H\x1b[2J" if clear else "") + "\n".join(lines)
 
 
-def _file_sd_groups(fleet: Fleet, vllm_replicas: int) -> list[dict[str, Any]]:
+def _file_sd_groups(fleet: Fleet) -> list[dict[str, Any]]:
     """The fleet's targets as file_sd groups, one per job (vLLM first, then LMDeploy)."""
     groups: dict[str, list[str]] = {"vllm": [], "lmdeploy": []}
-    for i, info in enumerate(fleet.state()):
-        kind = str(info.get("kind", "vllm" if i < vllm_replicas else "lmdeploy"))
-        groups["lmdeploy" if kind == "lmdeploy" else "vllm"].append(instance_of(str(info["url"])))
+    for info in fleet.state():
+        groups["lmdeploy" if info["kind"] == "lmdeploy" else "vllm"].append(instance_of(str(info["url"])))
     return [{"targets": addrs, "labels": {"job": job}} for job, addrs in groups.items() if addrs]
 
 
@@ -139,7 +138,7 @@ async def run_demo(
     try:
         with tempfile.TemporaryDirectory(prefix="sre-agent-demo-") as tmp:
             sd = Path(tmp) / "fleet.json"
-            published = _file_sd_groups(fleet, fleet_cfg.replicas)
+            published = _file_sd_groups(fleet)
             _publish(sd, published)
             config = Config.model_validate({
                 "targets": [],
@@ -156,7 +155,7 @@ async def run_demo(
             try:
                 while not duration or time.time() - started < duration:
                     await asyncio.sleep(min(2.0, config.scrape.interval))
-                    groups = _file_sd_groups(fleet, fleet_cfg.replicas)
+                    groups = _file_sd_groups(fleet)
                     if groups != published:  # the fleet was scaled: tell the agent
                         _publish(sd, groups)
                         published = groups

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -311,9 +311,3 @@ def _go_float(v: float) -> str:
         text = f"{mant}e{sign}{exp.lstrip('+-').zfill(2)}"
     return text
 
-
-def render_events(events: Iterable[AlertEvent], emit: Callable[[str], None]) -> None:
-    """Readable one-line summaries (the console receiver until the act layer lands)."""
-    for e in events:
-        labels = ", ".join(f"{k}={v}" for k, v in e.alert.labels if k != "alertname")
-        emit(f"{e.kind.upper():8} {e.rule} {{{labels}}} value={_go_float(e.alert.value)}")

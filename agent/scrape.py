@@ -114,12 +114,6 @@ class Scraper:
         self.targets: dict[str, Target] = {}
 
     # -- lifecycle ---------------------------------------------------------------
-    async def __aenter__(self) -> Scraper:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._concurrency, ttl_dns_cache=300)

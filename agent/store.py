@@ -155,9 +155,6 @@ class KeepList(dict[str, bool]):
     def keeps_all(self) -> bool:
         return self._families is None
 
-    def families(self) -> frozenset[str] | None:
-        return self._families
-
     def __missing__(self, sample_name: str) -> bool:
         hit = self._decide(sample_name)
         if len(self) < 100_000:  # bound the cache against name-exploding targets

@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agent.config import Config
@@ -64,6 +66,18 @@ def start_fleet(n: int) -> tuple[subprocess.Popen[str], list[str]]:
     return proc, urls
 
 
+@contextmanager
+def running_fleet(n: int) -> Iterator[list[str]]:
+    """A `sre-agent simulate` process with ``n`` replicas; yields their metrics URLs."""
+    proc, urls = start_fleet(n)
+    try:
+        yield urls
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+
 async def bench_agent(urls: list[str], cycles: int, interval: float) -> dict[str, float]:
     store = Store(3_600_000, keep_list(Config()))
     scraper = Scraper(store, timeout_s=interval, body_limit=16 << 20, concurrency=256)
@@ -99,21 +113,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _prom_counter(port: int, name: str) -> float:
+def prom_metrics(port: int) -> list[str]:
+    """The lines of a local Prometheus' own /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
+        return str(r.read().decode()).splitlines()
+
+
+def _prom_counter(port: int, name: str) -> float:
+    for line in prom_metrics(port):
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
     return float("nan")
 
 
-def bench_prometheus(binary: str, urls: list[str], cycles: int, interval: float) -> dict[str, float]:
+@contextmanager
+def running_prometheus(binary: str, urls: list[str], interval: float, rule_files: list[str] | None = None
+                       ) -> Iterator[tuple[int, int]]:
+    """A Prometheus scraping ``urls`` (and evaluating ``rule_files``) every ``interval``, with
+    its data in a temporary directory; yields (port, pid)."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         targets = ", ".join(f"'{instance_of(u)}'" for u in urls)
+        rules = ", ".join(f"'{f}'" for f in rule_files or [])
         cfg = Path(tmp) / "prometheus.yml"
         cfg.write_text(
-            f"global: {{scrape_interval: {interval:g}s, scrape_timeout: {interval:g}s}}\n"
+            f"global: {{scrape_interval: {interval:g}s, scrape_timeout: {interval:g}s, "
+            f"evaluation_interval: {interval:g}s}}\nrule_files: [{rules}]\n"
             f"scrape_configs:\n- job_name: vllm\n  static_configs:\n  - targets: [{targets}]\n"
         )
         proc = subprocess.Popen(
@@ -122,14 +147,19 @@ def bench_prometheus(binary: str, urls: list[str], cycles: int, interval: float)
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
-            time.sleep(2 * interval + 2)  # start-up and the first scrapes (series creation) out of the window
-            c0, a0 = _proc_cpu_s(proc.pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
-            time.sleep(cycles * interval)
-            c1, a1 = _proc_cpu_s(proc.pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
-            rss = _rss_mib(proc.pid)
+            yield port, proc.pid
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
+
+
+def bench_prometheus(binary: str, urls: list[str], cycles: int, interval: float) -> dict[str, float]:
+    with running_prometheus(binary, urls, interval) as (port, pid):
+        time.sleep(2 * interval + 2)  # start-up and the first scrapes (series creation) out of the window
+        c0, a0 = _proc_cpu_s(pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
+        time.sleep(cycles * interval)
+        c1, a1 = _proc_cpu_s(pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
+        rss = _rss_mib(pid)
     appended = a1 - a0
     scraped = appended - 5 * len(urls) * cycles  # minus up/scrape_* synthetic series per scrape
     return {"cpu_s_per_cycle": (c1 - c0) / cycles, "cpu_us_per_sample": (c1 - c0) / scraped * 1e6,
@@ -153,8 +183,7 @@ def main() -> None:
     configure_logging("console", "warning")
     prom = find_prometheus(args.prometheus)
     for n in args.targets:
-        fleet, urls = start_fleet(n)
-        try:
+        with running_fleet(n) as urls:
             a = asyncio.run(bench_agent(urls, args.cycles, args.interval))
             print(f"\n== {n} targets, {args.cycles} cycles every {args.interval:g}s ==")
             print(f"agent:      wall {a['wall_s'] * 1000:8.1f} ms/cycle  cpu {a['cpu_s'] * 1000:8.1f} ms/cycle  "
@@ -169,9 +198,6 @@ def main() -> None:
                       f"{p['cpu_us_per_sample'] / a['cpu_us_per_sample']:.2f}x")
             else:
                 print("prometheus: not found on PATH (apt-get install prometheus) - comparison skipped")
-        finally:
-            fleet.send_signal(signal.SIGTERM)
-            fleet.wait(timeout=60)
 
 
 if __name__ == "__main__":

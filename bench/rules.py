@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import statistics
-import subprocess
-import tempfile
 import time
-import urllib.request
-from pathlib import Path
 
-from fleet import _free_port, find_prometheus, start_fleet  # type: ignore[import-not-found]
+from fleet import find_prometheus, prom_metrics, running_fleet, running_prometheus  # type: ignore[import-not-found]
 
 from agent.config import Config, bundled_rules_dir
 from agent.daemon import Agent
-from agent.discovery import instance_of
 from agent.logs import configure_logging
 
 
@@ -67,40 +61,22 @@ async def bench_agent(urls: list[str], minutes: float, interval: float) -> dict[
 
 
 def _rule_durations(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
-                   if line.startswith("prometheus_rule_group_last_duration_seconds{"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in prom_metrics(port)
+               if line.startswith("prometheus_rule_group_last_duration_seconds{"))
 
 
 def bench_prometheus(binary: str, urls: list[str], minutes: float, interval: float) -> dict[str, float]:
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        targets = ", ".join(f"'{instance_of(u)}'" for u in urls)
-        rule_files = ", ".join(f"'{p}'" for p in sorted(bundled_rules_dir().glob("*.rules.yaml")))
-        cfg = Path(tmp) / "prometheus.yml"
-        cfg.write_text(
-            f"global: {{scrape_interval: {interval:g}s, scrape_timeout: {interval:g}s, "
-            f"evaluation_interval: {interval:g}s}}\nrule_files: [{rule_files}]\n"
-            f"scrape_configs:\n- job_name: vllm\n  static_configs:\n  - targets: [{targets}]\n"
-        )
-        proc = subprocess.Popen(
-            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp}/data",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        samples: list[float] = []
-        try:
-            end = time.monotonic() + minutes * 60
+    rule_files = [str(p) for p in sorted(bundled_rules_dir().glob("*.rules.yaml"))]
+    samples: list[float] = []
+    with running_prometheus(binary, urls, interval, rule_files) as (port, _):
+        end = time.monotonic() + minutes * 60
+        time.sleep(interval)
+        while time.monotonic() < end:
             time.sleep(interval)
-            while time.monotonic() < end:
-                time.sleep(interval)
-                try:
-                    samples.append(_rule_durations(port))
-                except OSError:
-                    continue
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            try:
+                samples.append(_rule_durations(port))
+            except OSError:
+                continue
     last_half = samples[len(samples) // 2:] or samples
     return {"eval_s": statistics.mean(last_half) if last_half else float("nan"), "rounds": len(samples)}
 
@@ -115,8 +91,7 @@ def main() -> None:
     configure_logging("console", "warning")
     prom = find_prometheus(args.prometheus)
     for n in args.targets:
-        fleet, urls = start_fleet(n)
-        try:
+        with running_fleet(n) as urls:
             a = asyncio.run(bench_agent(urls, args.minutes, args.interval))
             print(f"\n== {n} targets, {args.minutes:g} min, scrape and evaluate every {args.interval:g}s ==")
             print(f"agent:      {a['eval_s'] * 1000:8.1f} ms per evaluation of all {a['rules']:.0f} rules "
@@ -128,9 +103,6 @@ def main() -> None:
                 print(f"ratio (agent / prometheus): {a['eval_s'] / p['eval_s']:.2f}x  (goal: <= 2x)")
             else:
                 print("prometheus: not found on PATH (apt-get install prometheus) - comparison skipped")
-        finally:
-            fleet.send_signal(signal.SIGTERM)
-            fleet.wait(timeout=60)
 
 
 if __name__ == "__main__":
