@@ -21,10 +21,13 @@ import structlog
 import yaml
 
 from agent import __version__, yamlcompat
+from agent.act_cmd import add_parsers as add_act_parsers
 from agent.config import Config, bundled_rules_dir, load_config
 from agent.daemon import Agent
 from agent.demo import run_demo
+from agent.diagnose import nccl_cmd, oom_cmd, plan_cmd
 from agent.errors import AgentError, ConfigError, RuleError
+from agent.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.logs import configure_logging
 from agent.rulefile import load_rule_files, parse_rule_file
 from agent.ruletest import run_test_file
@@ -32,8 +35,6 @@ from agent.simulate.scenarios import SCENARIOS
 from agent.simulate.server import Fleet, FleetConfig
 
 __all__ = ["main"]
-
-EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
 
 _DESCRIPTION = """\
 A Prometheus-driven SRE agent for vLLM and LMDeploy fleets: scrapes /metrics and
@@ -96,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, default=0.0,
                       help="stop after this many seconds (default: run until Ctrl-C)")
     demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+    plan_cmd.add_parser(sub)
+    oom_cmd.add_parser(sub)
+    nccl_cmd.add_parser(sub)
+    add_act_parsers(sub)
     return p
 
 
@@ -119,6 +125,8 @@ def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scena
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if getattr(args, "func", None) is not None:
+            return int(args.func(args))
         if args.command == "check":
             return _check(args)
         if args.command == "run":

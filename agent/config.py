@@ -39,8 +39,22 @@ from agent import yamlcompat
 from agent.errors import ConfigError
 
 __all__ = [
+    "ActionConfig",
+    "AlertmanagerReceiverConfig",
     "Config",
+    "ConsoleReceiverConfig",
+    "DiagnosticsConfig",
     "FileSDConfig",
+    "NcclDiagnosisConfig",
+    "NotifyConfig",
+    "OomDiagnosisConfig",
+    "ReceiverConfig",
+    "RouteConfig",
+    "ScaleWebhookConfig",
+    "ScalingConfig",
+    "ScalingServiceConfig",
+    "SlackReceiverConfig",
+    "WebhookReceiverConfig",
     "NvmlConfig",
     "ScrapeConfig",
     "ServerConfig",
@@ -232,12 +246,18 @@ def bundled_rules_dir() -> Path:
 
 class RulesConfig(_Model):
     """Prometheus rule files (globs allowed) and how to evaluate them. Default: the bundled
-    health rules, so an agent with no config still pages on what the guides document."""
+    health rules, so an agent with no config still pages on what the guides document.
+
+    After a restart, alert state comes back from the state database (like Prometheus'
+    ``ALERTS_FOR_STATE``): firing alerts stay firing; pending alerts resume their ``for``
+    with the time already spent, if the agent was down no longer than ``outage_tolerance``.
+    """
 
     files: list[str] = Field(default_factory=lambda: [str(bundled_rules_dir() / "*.rules.yaml")])
     evaluation_interval: Duration = 15.0  # default for groups without their own interval
     external_labels: dict[str, str] = Field(default_factory=dict)
     external_url: str = ""
+    outage_tolerance: Duration = 3600.0  # Prometheus' --rules.alert.outage-tolerance
 
     @field_validator("evaluation_interval")
     @classmethod
@@ -264,6 +284,263 @@ class StoreConfig(_Model):
         return v
 
 
+def _url_check(v: str) -> str:
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {v!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {v!r} (bad port)") from exc
+    return v
+
+
+def _check_matchers(values: list[str]) -> list[str]:
+    from agent.matchers import parse_matcher  # the one matcher grammar (Alertmanager's)
+
+    for text in values:
+        parse_matcher(text)  # raises ValueError naming the problem
+    return values
+
+
+class _Matching(_Model):
+    """Alert-label matching shared by routes, actions and scaling services, written the
+    Alertmanager way: ``matchers: ['severity="critical"', 'alertname=~"VLLM.*"']`` and/or
+    the older ``match: {label: value}`` / ``match_re: {label: regex}``. All must hold."""
+
+    matchers: list[str] = Field(default_factory=list)
+    match: dict[str, str] = Field(default_factory=dict)
+    match_re: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("matchers")
+    @classmethod
+    def _matchers(cls, v: list[str]) -> list[str]:
+        return _check_matchers(v)
+
+    @field_validator("match_re")
+    @classmethod
+    def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, rx in v.items():
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise ValueError(f"{name}: not a regular expression: {rx!r} ({exc})") from exc
+        return v
+
+
+class ConsoleReceiverConfig(_Model):
+    """Readable one-line-per-alert output on stdout (the default receiver)."""
+
+
+class SlackReceiverConfig(_Model):
+    """Slack: a bot token (``chat.postMessage`` + ``chat.update`` in place on resolve) or an
+    incoming webhook URL (new message per notification, no updates)."""
+
+    token: SecretStr | None = None  # token_file / token_env: an xoxb- bot token
+    webhook_url: SecretStr | None = None  # webhook_url_file / webhook_url_env
+    channel: str = ""  # name (#llm-alerts) or ID (C0123); required with a token
+    api_url: str = "https://slack.com/api/"
+    dashboard_url: str = ""  # the "Dashboard" button; empty hides it
+    max_messages_per_second: float = Field(default=1.0, gt=0)  # Slack's documented per-channel limit
+    timeout: Duration = 10.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _resolve_secret(dict(data), "token", info)
+        return _resolve_secret(data, "webhook_url", info)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> SlackReceiverConfig:
+        if (self.token is None) == (self.webhook_url is None):
+            raise ValueError("give a bot token (token_file/token_env) or an incoming webhook "
+                             "(webhook_url_file/webhook_url_env), exactly one")
+        if self.token is not None and not self.channel:
+            raise ValueError("channel is required with a bot token")
+        _url_check(self.api_url)
+        return self
+
+
+class AlertmanagerReceiverConfig(_Model):
+    """Alertmanager API v2, with Prometheus' own sending rules. HA: list every
+    Alertmanager; each gets every alert (never put a load balancer in between)."""
+
+    urls: list[str] = Field(min_length=1)  # base URLs, e.g. http://alertmanager:9093
+    timeout: Duration = 10.0
+    resend_delay: Duration = 60.0  # Prometheus' --rules.alert.resend-delay
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        return [_url_check(u) for u in v]
+
+
+class WebhookReceiverConfig(_Model):
+    """Alertmanager's version-4 webhook JSON, optionally HMAC-SHA256 signed."""
+
+    url: str
+    secret: SecretStr | None = None  # secret_file / secret_env: signs timestamp + body
+    timeout: Duration = 10.0
+    verify_tls: bool = True
+    max_alerts: int = Field(default=0, ge=0)  # 0 = all, like Alertmanager's webhook_config
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return _resolve_secret(dict(data), "secret", info) if isinstance(data, dict) else data
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _url_check(v)
+
+
+class ReceiverConfig(_Model):
+    """A named receiver; exactly one of console, slack, alertmanager, webhook."""
+
+    name: str = Field(min_length=1)
+    console: ConsoleReceiverConfig | None = None
+    slack: SlackReceiverConfig | None = None
+    alertmanager: AlertmanagerReceiverConfig | None = None
+    webhook: WebhookReceiverConfig | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ReceiverConfig:
+        kinds = [k for k in ("console", "slack", "alertmanager", "webhook") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"receiver {self.name!r}: give exactly one of console, slack, alertmanager, "
+                             f"webhook (got {', '.join(kinds) or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("console", "slack", "alertmanager", "webhook") if getattr(self, k) is not None)
+
+
+class RouteConfig(_Matching):
+    """A node of the route tree, as in Alertmanager: children inherit what they do not set.
+    ``group_by: ['...']`` groups by all labels."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    receiver: str | None = None
+    group_by: list[str] | None = None
+    group_wait: Duration | None = None
+    group_interval: Duration | None = None
+    repeat_interval: Duration | None = None
+    send_resolved: bool | None = None
+    continue_: bool = Field(default=False, alias="continue")
+    routes: list[RouteConfig] = Field(default_factory=list)
+
+
+def _default_route() -> RouteConfig:
+    # Alertmanager's defaults, except group_wait (30 s) kept and grouping by alertname.
+    return RouteConfig(receiver="console", group_by=["alertname"], group_wait="30s", group_interval="5m",
+                       repeat_interval="4h", send_resolved=True)
+
+
+class ActionConfig(_Matching):
+    """Runs for every alert its matchers select, beside (not instead of) notifications."""
+
+    type: Literal["scale_out", "scale_in", "diagnose"]
+    service: str | None = None  # scaling service name; default: the first service whose matchers fit
+
+
+def _default_actions() -> list[ActionConfig]:
+    # The bundled rules label scale-out alerts `action: scale_out`; GPU memory and
+    # throughput alerts get their diagnosis.
+    return [
+        ActionConfig(type="scale_out", matchers=['action="scale_out"']),
+        ActionConfig(type="diagnose", matchers=['alertname=~"GPUMemoryNearFull|VLLMGenerationThroughputLow"']),
+    ]
+
+
+class NotifyConfig(_Model):
+    """Outbox delivery: exponential backoff with full jitter between retry_initial and
+    retry_max; an item older than give_up_after is dropped and recorded as failed."""
+
+    retry_initial: Duration = 1.0
+    retry_max: Duration = 300.0
+    give_up_after: Duration = 24 * 3600.0
+    dispatch_interval: Duration = 1.0
+
+
+class ScaleWebhookConfig(_Model):
+    url: str
+    secret: SecretStr | None = None  # secret_file / secret_env
+    timeout: Duration = 10.0
+    verify_tls: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return _resolve_secret(dict(data), "secret", info) if isinstance(data, dict) else data
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _url_check(v)
+
+
+class ScalingServiceConfig(_Matching):
+    """One scalable service. Its matchers pick the alerts that belong to it (default: all).
+    Bounds follow the guide's HPA example (2-8 replicas); scale-in waits until the
+    service has been healthy for ``scale_in_healthy_for`` and is slower than scale-out."""
+
+    name: str = Field(min_length=1)
+    webhook: ScaleWebhookConfig | None = None  # None: only export sre_agent_desired_replicas
+    min_replicas: int = Field(default=2, ge=0)
+    max_replicas: int = Field(default=8, ge=1)
+    initial_replicas: int | None = None  # until the receiver reports; default min_replicas
+    step: int = Field(default=1, ge=1)
+    scale_out_cooldown: Duration = 180.0  # a new vLLM replica needs minutes to load weights
+    scale_in_cooldown: Duration = 600.0
+    scale_in_healthy_for: Duration = 900.0
+    dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScalingServiceConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
+        init = self.initial_replicas
+        if init is not None and not self.min_replicas <= init <= self.max_replicas:
+            raise ValueError(f"initial_replicas ({init}) outside [{self.min_replicas}, {self.max_replicas}]")
+        return self
+
+
+class ScalingConfig(_Model):
+    dry_run: bool = False  # global switch; each service has its own too
+    services: list[ScalingServiceConfig] = Field(default_factory=list)
+
+
+class OomDiagnosisConfig(_Model):
+    enabled: bool = True
+    log_files: list[str] = Field(default_factory=list)  # tailed for OOM lines (vLLM logs, dmesg dumps)
+    gpu_memory_near_full: float = Field(default=0.95, gt=0, le=1)  # before a target went down
+
+
+class NcclDiagnosisConfig(_Model):
+    enabled: bool = False
+    binary: str = "all_reduce_perf"
+    launcher: list[str] = Field(default_factory=list)  # e.g. [mpirun, -np, "2", -H, "a,b"]
+    args: list[str] = Field(default_factory=lambda: ["-b", "8", "-e", "8G", "-f", "2"])
+    gpus: int = Field(default=0, ge=0)  # -g; 0 = every visible GPU
+    timeout: Duration = 900.0
+    schedule: str = ""  # cron expression (5 fields), e.g. "0 3 * * *"; empty: only on alerts
+    on_alerts: list[str] = Field(default_factory=lambda: ["VLLMGenerationThroughputLow"])
+    cooldown: Duration = 3600.0
+    interconnect: str = ""  # a key of the expected-bandwidth table; empty: guess from GPU count
+    expected_gbps: float | None = None  # overrides the table
+
+
+class DiagnosticsConfig(_Model):
+    runbook_base_url: str = "https://github.com/sre-agent/sre-agent/blob/main/runbooks/"
+    oom: OomDiagnosisConfig = OomDiagnosisConfig()
+    nccl: NcclDiagnosisConfig = NcclDiagnosisConfig()
+
+
 class LogConfig(_Model):
     format: Literal["console", "json"] = "console"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -280,6 +557,13 @@ class Config(_Model):
     rules: RulesConfig = RulesConfig()
     state: StateConfig = StateConfig()
     store: StoreConfig = StoreConfig()
+    receivers: list[ReceiverConfig] = Field(default_factory=lambda: [ReceiverConfig(name="console",
+                                                                                    console=ConsoleReceiverConfig())])
+    route: RouteConfig = Field(default_factory=_default_route)
+    actions: list[ActionConfig] = Field(default_factory=_default_actions)
+    notify: NotifyConfig = NotifyConfig()
+    scaling: ScalingConfig = ScalingConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
 
     @model_validator(mode="after")
@@ -289,11 +573,32 @@ class Config(_Model):
             if t.url in seen:
                 raise ValueError(f"targets[{i}].url: duplicate target {t.url!r}")
             seen.add(t.url)
+        names = [r.name for r in self.receivers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"receivers: duplicate name(s) {', '.join(dupes)}")
+        if self.route.receiver is None:
+            raise ValueError("route.receiver: the root route needs a receiver")
+        for path, route in _walk_routes(self.route, "route"):
+            if route.receiver is not None and route.receiver not in names:
+                raise ValueError(f"{path}.receiver: no receiver named {route.receiver!r} "
+                                 f"(receivers: {', '.join(names) or 'none'})")
+        services = [s.name for s in self.scaling.services]
+        for i, action in enumerate(self.actions):
+            if action.service is not None and action.service not in services:
+                raise ValueError(f"actions[{i}].service: no scaling service named {action.service!r}")
         return self
 
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as plain data, secrets shown as ``**********``."""
-        return self.model_dump(mode="json")
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _walk_routes(route: RouteConfig, path: str) -> list[tuple[str, RouteConfig]]:
+    out = [(path, route)]
+    for i, child in enumerate(route.routes):
+        out.extend(_walk_routes(child, f"{path}.routes[{i}]"))
+    return out
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:

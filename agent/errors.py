@@ -17,7 +17,10 @@ with ``raise ... from exc`` so the cause is never lost.
     │   └── UnsupportedError   valid PromQL outside the engine's subset (names the construct)
     ├── TemplateError          an annotation/label template failed to parse or render
     ├── RuleError              a rule file or rule is invalid (names file, group, rule)
-    └── SimulatorError         the built-in fleet simulator was misused
+    ├── SimulatorError         the built-in fleet simulator was misused
+    ├── StateError             the SQLite state database cannot be opened or written
+    ├── DeliveryError          a receiver did not accept a notification (retry or give up)
+    └── DiagnosisError         a diagnosis could not run (bad evidence file, missing binary, ...)
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from __future__ import annotations
 __all__ = [
     "AgentError",
     "ConfigError",
+    "DeliveryError",
+    "DiagnosisError",
     "ExpositionError",
     "NvmlError",
     "PromQLError",
     "RuleError",
     "ScrapeError",
     "SimulatorError",
+    "StateError",
     "StoreError",
     "TemplateError",
     "UnsupportedError",
@@ -103,3 +109,26 @@ class RuleError(AgentError):
 
 class SimulatorError(AgentError):
     """The simulator was asked for something it cannot do."""
+
+
+class StateError(AgentError):
+    """The state database (outbox, alert state, silences, incidents) failed."""
+
+
+class DeliveryError(AgentError):
+    """A receiver did not acknowledge a notification.
+
+    ``permanent`` means retrying cannot help (the receiver rejected the payload, e.g.
+    HTTP 400 or Slack ``invalid_blocks``): the item leaves the outbox as failed and is
+    recorded. Otherwise the dispatcher retries with backoff; ``retry_after_s`` is the
+    receiver's own hint (HTTP ``Retry-After``) and overrides the backoff when longer.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False, retry_after_s: float | None = None) -> None:
+        self.permanent = permanent
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class DiagnosisError(AgentError):
+    """A diagnosis could not run: unreadable evidence, a missing binary, bad flags."""

@@ -1,0 +1,42 @@
+"""Receivers: one interface, one module per kind (console, Slack, Alertmanager, webhook).
+
+The dispatcher (``agent.notify``) owns retries, ordering and the outbox; a sink only
+turns one :class:`~agent.notification.Notification` into one delivery attempt. It
+returns when the receiver acknowledged, and raises
+:class:`~agent.errors.DeliveryError` otherwise (``permanent=True`` when a retry cannot
+help, ``retry_after_s`` when the receiver said when to come back). It never retries by
+itself, except where the receiver's client library does so as part of one call
+(slack-sdk's rate-limit handler).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from agent.notification import Notification
+
+__all__ = ["MessageRefs", "Sink"]
+
+
+class Sink(Protocol):
+    """One configured receiver."""
+
+    name: str
+
+    async def send(self, notification: Notification) -> None:
+        """Deliver once; raise DeliveryError unless the receiver acknowledged."""
+
+    async def close(self) -> None:
+        """Release HTTP sessions."""
+
+
+class MessageRefs(Protocol):
+    """Where a receiver remembers what it posted per alert group (Slack: channel ID + ts),
+    so a later notification for the same group updates that message. Backed by the
+    state database, so it survives a restart."""
+
+    def get_ref(self, receiver: str, group_key: str) -> tuple[str, str] | None: ...
+
+    def put_ref(self, receiver: str, group_key: str, channel: str, ts: str) -> None: ...
+
+    def delete_ref(self, receiver: str, group_key: str) -> None: ...
