@@ -37,6 +37,7 @@ from pydantic import (
 
 from agent import yamlcompat
 from agent.errors import ConfigError
+from agent.matchers import parse_matcher
 
 __all__ = [
     "ActionConfig",
@@ -47,19 +48,19 @@ __all__ = [
     "FileSDConfig",
     "NcclDiagnosisConfig",
     "NotifyConfig",
+    "NvmlConfig",
     "OomDiagnosisConfig",
     "ReceiverConfig",
     "RouteConfig",
     "ScaleWebhookConfig",
     "ScalingConfig",
     "ScalingServiceConfig",
-    "SlackReceiverConfig",
-    "WebhookReceiverConfig",
-    "NvmlConfig",
     "ScrapeConfig",
     "ServerConfig",
+    "SlackReceiverConfig",
     "StoreConfig",
     "TargetConfig",
+    "WebhookReceiverConfig",
     "bundled_rules_dir",
     "format_duration",
     "load_config",
@@ -296,8 +297,6 @@ def _url_check(v: str) -> str:
 
 
 def _check_matchers(values: list[str]) -> list[str]:
-    from agent.matchers import parse_matcher  # the one matcher grammar (Alertmanager's)
-
     for text in values:
         parse_matcher(text)  # raises ValueError naming the problem
     return values
