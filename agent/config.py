@@ -436,8 +436,8 @@ class RouteConfig(_Matching):
 
 def _default_route() -> RouteConfig:
     # Alertmanager's defaults, except group_wait (30 s) kept and grouping by alertname.
-    return RouteConfig(receiver="console", group_by=["alertname"], group_wait="30s", group_interval="5m",
-                       repeat_interval="4h", send_resolved=True)
+    return RouteConfig.model_validate({"receiver": "console", "group_by": ["alertname"], "group_wait": "30s",
+                                       "group_interval": "5m", "repeat_interval": "4h", "send_resolved": True})
 
 
 class ActionConfig(_Matching):
