@@ -11,7 +11,7 @@ itself, except where the receiver's client library does so as part of one call
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.notification import Notification
 
@@ -23,8 +23,13 @@ class Sink(Protocol):
 
     name: str
 
-    async def send(self, notification: Notification) -> None:
-        """Deliver once; raise DeliveryError unless the receiver acknowledged."""
+    async def send(self, notification: Notification, *, attempt: int = 0) -> dict[str, Any] | None:
+        """Deliver once; raise DeliveryError unless the receiver acknowledged.
+
+        ``attempt`` > 0 means an earlier try may have reached the receiver (it timed
+        out, or the agent crashed mid-send): a sink without server-side idempotency
+        (Slack) checks before posting again. Returns the receiver's JSON reply, if any.
+        """
 
     async def close(self) -> None:
         """Release HTTP sessions."""
