@@ -29,6 +29,7 @@ from agent.diagnose import nccl_cmd, oom_cmd, plan_cmd
 from agent.errors import AgentError, ConfigError, RuleError
 from agent.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.logs import configure_logging
+from agent.routing import Router
 from agent.rulefile import load_rule_files, parse_rule_file
 from agent.ruletest import run_test_file
 from agent.simulate.scenarios import SCENARIOS
@@ -124,6 +125,7 @@ def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scena
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    configure_logging("console", "warning")  # stderr; commands with their own log flags reconfigure
     try:
         if getattr(args, "func", None) is not None:
             return int(args.func(args))
@@ -161,6 +163,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 def _check(args: argparse.Namespace) -> int:
     config = _load(args)
+    Router(config)  # route-tree rules Alertmanager enforces (ConfigError naming the key path)
     data = config.redacted()
     if args.json:
         print(json.dumps(data, indent=2))

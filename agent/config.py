@@ -37,7 +37,7 @@ from pydantic import (
 
 from agent import yamlcompat
 from agent.errors import ConfigError
-from agent.matchers import parse_matcher
+from agent.matchers import Matcher, parse_matchers
 
 __all__ = [
     "ActionConfig",
@@ -298,7 +298,7 @@ def _url_check(v: str) -> str:
 
 def _check_matchers(values: list[str]) -> list[str]:
     for text in values:
-        parse_matcher(text)  # raises ValueError naming the problem
+        parse_matchers(text)  # Alertmanager's list form too; ValueError names the problem
     return values
 
 
@@ -320,10 +320,7 @@ class _Matching(_Model):
     @classmethod
     def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
         for name, rx in v.items():
-            try:
-                re.compile(rx)
-            except re.error as exc:
-                raise ValueError(f"{name}: not a regular expression: {rx!r} ({exc})") from exc
+            Matcher(name, "=~", rx)  # Go's regexp syntax, as Alertmanager reads it; ValueError says why
         return v
 
 

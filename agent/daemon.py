@@ -28,6 +28,7 @@ from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from agent import catalog
+from agent.act import ActCollector, ActLayer
 from agent.config import Config
 from agent.discovery import FileSD, all_targets
 from agent.nvml import NvmlSource
@@ -100,6 +101,7 @@ class Agent:
         self.rules = RuleManager(groups, self.store, self.engine, default_interval_s=rc.evaluation_interval,
                                  external_labels=rc.external_labels, external_url=rc.external_url)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
+        self.act = ActLayer(config, self.rules, clock=clock)  # opens the state db, restores alert state
         sc = config.scrape
         self.scraper = Scraper(
             self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
@@ -114,7 +116,8 @@ class Agent:
         self._nvml_samples: list[Sample] = []
         self.stats = _Stats()
         self.registry = build_registry(
-            AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules)
+            AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules),
+            ActCollector(self.act),
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._runner: web.AppRunner | None = None
@@ -133,6 +136,18 @@ class Agent:
 
     def rules_json(self) -> list[dict[str, Any]]:
         return self.rules.rules_json()
+
+    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self.act.incidents_json(limit)
+
+    def silences_json(self) -> list[dict[str, Any]]:
+        return self.act.silences_json()
+
+    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.act.add_silence(body)
+
+    def expire_silence(self, silence_id: str) -> bool:
+        return self.act.expire_silence(silence_id)
 
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
@@ -174,7 +189,9 @@ class Agent:
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
 
     def evaluate(self, group: Group) -> None:
-        events = self.rules.eval_group(group, int(self._clock() * 1000))
+        now_ms = int(self._clock() * 1000)
+        events = self.rules.eval_group(group, now_ms)
+        self.act.observe(group, events, now_ms)
         for e in events:
             self.events.append(e)
             labels = {k: v for k, v in e.alert.labels if k != "alertname"}
@@ -199,6 +216,9 @@ class Agent:
 
     async def _gc_job(self) -> None:
         self.gc()
+
+    async def _dispatch_job(self) -> None:
+        await self.act.tick()
 
     def gc(self) -> None:
         dropped = self.store.gc(int(self._clock() * 1000))
@@ -228,6 +248,9 @@ class Agent:
             sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
                           max_instances=1, coalesce=True, next_run_time=first_eval)
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
+        await self.act.start()
+        sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
+                      max_instances=1, coalesce=True, next_run_time=first)
         sched.start()
         self._scheduler = sched
         log.info("agent started", targets=len(cfg.targets), file_sd=len(cfg.file_sd),
@@ -239,6 +262,7 @@ class Agent:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
         await self.scraper.close()
+        await self.act.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

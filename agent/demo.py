@@ -146,6 +146,7 @@ async def run_demo(
                 "scrape": {"interval": interval, "timeout": interval},
                 "server": {"listen": listen},
                 "rules": {"files": [str(bundled_rules_dir() / "*.rules.yaml")], "evaluation_interval": interval},
+                "state": {"path": str(Path(tmp) / "state.db")},
             })
             agent = Agent(config)
             await agent.start()

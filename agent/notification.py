@@ -41,8 +41,9 @@ def group_key_hash(receiver: str, group_key: str) -> str:
 class AlertSnapshot:
     """One alert as receivers see it, shaped after Alertmanager's API v2 alert.
 
-    Times are Unix milliseconds; ``ends_at_ms`` is 0 while firing with no end known
-    (the Alertmanager sink computes Prometheus' ``endsAt`` itself).
+    Times are Unix milliseconds; ``ends_at_ms`` is 0 while firing with no end known.
+    For Alertmanager batches the dispatcher sets Prometheus' ``endsAt`` (now + 4 ×
+    max(eval interval, resend delay)); the sink falls back to now + 4 × resend delay.
     """
 
     labels: dict[str, str]

@@ -255,6 +255,65 @@ class RuleManager:
         except TemplateError as exc:
             return f"<error expanding template: {exc}>"
 
+    # -- persistence (restored on start like Prometheus' ALERTS_FOR_STATE) ----------------
+    @staticmethod
+    def rule_key(group: Group, index: int) -> str:
+        """Identity of an alerting rule across restarts: group, position and name."""
+        return f"{group.spec.name}\x1f{index}\x1f{group.rules[index].spec.name}"
+
+    def export_group(self, group: Group) -> dict[str, list[dict[str, Any]]]:
+        """Pending, firing and recently resolved alerts of each alerting rule in ``group``."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for i, rule in enumerate(group.rules):
+            if rule.spec.kind != "alert":
+                continue
+            out[self.rule_key(group, i)] = [
+                {"labels": dict(a.labels), "annotations": a.annotations, "value": _json_float(a.value),
+                 "state": a.state.value, "active_at_ms": a.active_at_ms, "fired_at_ms": a.fired_at_ms,
+                 "resolved_at_ms": a.resolved_at_ms}
+                for a in rule.alerts.values()
+            ]
+        return out
+
+    def restore(self, saved: Mapping[str, tuple[int, list[dict[str, Any]]]], now_ms: int, *,
+                outage_tolerance_ms: int) -> int:
+        """Bring back alerts saved before a restart; returns how many.
+
+        Firing alerts stay firing (no second "firing" notification); resolved ones stay
+        resolved for the rest of their 15 minutes, so receivers still hear about the
+        resolution if the agent died before telling them. A pending alert
+        resumes its ``for`` where it stopped: its ``activeAt`` moves forward by the time
+        the agent was down, so it neither fires early nor starts over. Prometheus skips
+        restoring rules whose ``for`` is under its 10 min grace period; we restore all,
+        since the guides' rules use 5 min. After more than ``outage_tolerance_ms`` down,
+        pending alerts start over (the data they were based on is too old).
+        """
+        count = 0
+        for group in self.groups:
+            for i, rule in enumerate(group.rules):
+                entry = saved.get(self.rule_key(group, i))
+                if rule.spec.kind != "alert" or entry is None:
+                    continue
+                down_at_ms, alerts = entry
+                down_for = max(0, now_ms - down_at_ms)
+                for data in alerts:
+                    state = AlertState(data["state"])
+                    active_at = int(data["active_at_ms"])
+                    resolved_at = int(data.get("resolved_at_ms", 0))
+                    if state is AlertState.PENDING:
+                        if down_for > outage_tolerance_ms:
+                            continue
+                        active_at += down_for
+                    elif state is AlertState.INACTIVE and now_ms - resolved_at > RESOLVED_RETENTION_MS:
+                        continue
+                    labels: Labels = tuple(sorted((str(k), str(v)) for k, v in data["labels"].items()))
+                    rule.alerts[labels] = Alert(labels, dict(data.get("annotations", {})),
+                                                float(data.get("value", 0.0)), state, active_at,
+                                                fired_at_ms=int(data.get("fired_at_ms", 0)),
+                                                resolved_at_ms=resolved_at)
+                    count += 1
+        return count
+
     # -- views -----------------------------------------------------------------------
     def alerts(self, *, states: tuple[AlertState, ...] = (AlertState.PENDING, AlertState.FIRING)) -> list[Alert]:
         return [a for g in self.groups for r in g.rules for a in r.alerts.values() if a.state in states]
@@ -294,6 +353,11 @@ _STATE_ORDER = [AlertState.INACTIVE, AlertState.PENDING, AlertState.FIRING]
 
 def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _json_float(v: float) -> float | str:
+    """A float that survives strict JSON (NaN/Inf as Go's strings, parsed back by float())."""
+    return v if math.isfinite(v) else _go_float(v)
 
 
 def _go_float(v: float) -> str:

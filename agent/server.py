@@ -34,9 +34,21 @@ class AgentView(Protocol):
 
     def status_json(self) -> dict[str, Any]: ...
 
+    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]: ...
+
+    def silences_json(self) -> list[dict[str, Any]]: ...
+
+    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def expire_silence(self, silence_id: str) -> bool: ...
+
 
 def _ok(data: Any) -> web.Response:
     return web.json_response({"status": "success", "data": data})
+
+
+def _error(status: int, kind: str, message: str) -> web.Response:
+    return web.json_response({"status": "error", "errorType": kind, "error": message}, status=status)
 
 
 def build_app(agent: AgentView) -> web.Application:
@@ -64,10 +76,37 @@ def build_app(agent: AgentView) -> web.Application:
     async def status(_: web.Request) -> web.Response:
         return _ok(agent.status_json())
 
+    async def incidents(request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "50"))
+        except ValueError:
+            return _error(400, "bad_data", "limit must be an integer")
+        return _ok({"incidents": agent.incidents_json(max(1, min(limit, 1000)))})
+
+    async def silences(_: web.Request) -> web.Response:
+        return _ok({"silences": agent.silences_json()})
+
+    async def add_silence(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "bad_data", "body must be JSON")
+        if not isinstance(body, dict):
+            return _error(400, "bad_data", "body must be a JSON object")
+        try:
+            return _ok(agent.add_silence(body))
+        except ValueError as exc:
+            return _error(400, "bad_data", str(exc))
+
+    async def expire_silence(request: web.Request) -> web.Response:
+        if agent.expire_silence(request.match_info["id"]):
+            return _ok({"expired": request.match_info["id"]})
+        return _error(404, "not_found", "no active or pending silence with that id")
+
     async def index(_: web.Request) -> web.Response:
         return web.Response(
             text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/alerts  /api/v1/rules  "
-            "/api/v1/status\n"
+            "/api/v1/status  /api/v1/incidents  /api/v1/silences\n"
         )
 
     app = web.Application()
@@ -79,6 +118,10 @@ def build_app(agent: AgentView) -> web.Application:
     app.router.add_get("/api/v1/alerts", alerts)
     app.router.add_get("/api/v1/rules", rules)
     app.router.add_get("/api/v1/status", status)
+    app.router.add_get("/api/v1/incidents", incidents)
+    app.router.add_get("/api/v1/silences", silences)
+    app.router.add_post("/api/v1/silences", add_silence)
+    app.router.add_delete("/api/v1/silences/{id}", expire_silence)
     return app
 
 

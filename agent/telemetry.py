@@ -132,7 +132,8 @@ def _as_families(samples: Sequence[Sample]) -> Iterator[Metric]:
     yield from fams.values()
 
 
-def build_registry(collector: AgentCollector) -> CollectorRegistry:
+def build_registry(*collectors: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for c in collectors:
+        registry.register(c)
     return registry

@@ -78,7 +78,8 @@ def test_run_once_prints_targets_json(tmp_path: Path, simulator: list[str]) -> N
     cfg = tmp_path / "a.yaml"
     dead = "http://127.0.0.1:1/metrics"
     cfg.write_text(json.dumps({"targets": [{"url": u} for u in [*simulator, dead]],
-                               "nvml": {"enabled": "false"}, "log": {"level": "error"}}))
+                               "nvml": {"enabled": "false"}, "log": {"level": "error"},
+                               "state": {"path": str(tmp_path / "state.db")}}))
     res = _cli("run", "--config", str(cfg), "--once")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
@@ -106,7 +107,7 @@ def test_sigterm_shuts_down_cleanly(tmp_path: Path, simulator: list[str]) -> Non
     cfg = tmp_path / "a.yaml"
     cfg.write_text(json.dumps({"targets": [{"url": u} for u in simulator], "server": {"listen": "127.0.0.1:0"},
                                "nvml": {"enabled": "false"}, "scrape": {"interval": "1s", "timeout": "1s"},
-                               "log": {"format": "json", "level": "info"}}))
+                               "log": {"format": "json", "level": "info"}, "state": {"path": str(tmp_path / "s.db")}}))
     proc = subprocess.Popen([PY, "-m", "agent", "run", "--config", str(cfg)], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     port = None

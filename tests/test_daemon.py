@@ -30,7 +30,8 @@ async def fleet() -> AsyncIterator[Fleet]:
 def _config(fleet: Fleet, **extra: object) -> Config:
     targets = [{"url": u, "job": "lmdeploy" if i == 2 else "vllm"} for i, u in enumerate(fleet.targets)]
     return Config.model_validate({"targets": targets, "server": {"listen": "127.0.0.1:0"},
-                                  "scrape": {"interval": "1s", "timeout": "1s"}, **extra})
+                                  "scrape": {"interval": "1s", "timeout": "1s"},
+                                  "state": {"path": ":memory:"}, **extra})
 
 
 async def test_collect_once_scrapes_fleet_and_gpus(fleet: Fleet) -> None:

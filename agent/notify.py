@@ -1,0 +1,440 @@
+"""The dispatcher: rule-state events in, notifications and actions out, through the outbox.
+
+After every rule-group evaluation the daemon hands the group's alerts to
+:meth:`Dispatcher.observe`. From there, three paths:
+
+* **Grouped receivers** (console, Slack, webhook) follow Alertmanager's dispatcher:
+  each matching route puts the alert into an aggregation group (route + ``group_by``
+  values); a group is flushed ``group_wait`` after it appears and then every
+  ``group_interval``, and a flush sends only if the notification log says something
+  changed (a new firing alert, a newly resolved one with ``send_resolved``) or
+  ``repeat_interval`` passed — Alertmanager's ``DedupStage.needsUpdate``. The
+  notification log is persisted, so a restart does not re-page for alerts already sent.
+* **Alertmanager receivers** follow Prometheus' own sending rules instead: no grouping
+  (Alertmanager groups), every firing alert re-sent every ``resend_delay`` with
+  ``endsAt = now + 4 × max(eval interval, resend delay)``, resolved alerts re-sent for
+  as long as the rule manager keeps them (15 min), one queue per Alertmanager URL.
+* **Actions**: ``scale_out`` / ``scale_in`` go to the :class:`~agent.scaling.Scaler`
+  on every evaluation while the alert fires (its cooldowns decide); ``diagnose`` calls
+  the diagnostics hook once when the alert starts firing.
+
+Every notification is written to the SQLite outbox before anything is sent and
+leaves it only when the receiver acknowledged (:meth:`Dispatcher.tick` delivers). Each
+receiver has its own FIFO queue, so one that is down delays nobody else; retries
+back off exponentially with jitter, honour ``Retry-After``, and give up (recorded as
+failed) after ``notify.give_up_after``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent.config import ActionConfig, Config, NotifyConfig
+from agent.diagnose.findings import Finding
+from agent.errors import DeliveryError
+from agent.notification import AlertSnapshot, Notification, fingerprint, group_key_hash
+from agent.routing import Route, Router, group_for, silenced_by
+from agent.rules import Alert, AlertEvent, AlertState
+from agent.scaling import Scaler
+from agent.sinks import Sink
+from agent.state import NflogEntry, OutboxItem, StateDB
+
+__all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher"]
+
+log = structlog.get_logger(__name__)
+
+DiagnoseHook = Callable[[AlertSnapshot], None]
+_SEND_TIMEOUT_FLOOR_S = 30.0  # a sink has its own timeouts; this guards against one that hangs anyway
+
+
+@dataclass
+class DeliveryStats:
+    """Per-receiver outcome counters for the agent's /metrics."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+    retried: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, which: dict[str, int], receiver: str) -> None:
+        which[receiver] = which.get(receiver, 0) + 1
+
+
+@dataclass
+class _AggGroup:
+    route: Route
+    key: str
+    labels: dict[str, str]
+    alerts: dict[str, AlertSnapshot]
+    next_flush_ms: int
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: Config,
+        db: StateDB,
+        router: Router,
+        sinks: Mapping[str, Sink],
+        *,
+        scaler: Scaler | None = None,
+        diagnose: DiagnoseHook | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._config = config
+        self._notify: NotifyConfig = config.notify
+        self._db = db
+        self._router = router
+        self.sinks = dict(sinks)
+        self._scaler = scaler
+        self._diagnose = diagnose
+        self._clock = clock
+        self._rng = rng
+        self._kinds = {r.name: r.kind for r in config.receivers}
+        self._am_urls = {r.name: r.alertmanager.urls for r in config.receivers if r.alertmanager is not None}
+        self._am_resend_s = {r.name: r.alertmanager.resend_delay for r in config.receivers
+                             if r.alertmanager is not None}
+        self._external_url = config.rules.external_url
+        self._alerts: dict[str, dict[str, AlertSnapshot]] = {}  # rule group -> fingerprint -> snapshot
+        self._groups: dict[tuple[str, str], _AggGroup] = {}
+        self._am_last_sent: dict[tuple[str, str], int] = {}  # (receiver, fingerprint) -> ms
+        self._am_resolved_sent: set[tuple[str, str]] = set()
+        self._in_flight: dict[str, asyncio.Task[None]] = {}  # outbox receiver -> delivery task
+        self._in_flight_ids: set[int] = set()
+        self.stats = DeliveryStats()
+
+    def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
+        self._diagnose = hook
+
+    # -- input: one rule group's evaluation ---------------------------------------------
+    def observe(self, group: str, events: Iterable[AlertEvent], alerts: Iterable[Alert], *,
+                interval_s: float, now_ms: int) -> None:
+        """Take the alerts of one rule group right after it was evaluated."""
+        events = list(events)
+        self._record_incidents(events)
+        snaps: dict[str, AlertSnapshot] = {}
+        pending: list[AlertSnapshot] = []
+        for alert in alerts:
+            snap = self._snapshot(alert)
+            if alert.state is AlertState.PENDING:
+                pending.append(snap)
+                continue
+            snaps[snap.fingerprint] = snap
+        self._alerts[group] = snaps
+        for snap in snaps.values():
+            for route in self._router.routes_for(snap.labels):
+                if self._kinds.get(route.receiver) != "alertmanager":
+                    self._insert(route, snap, now_ms)
+        self._send_to_alertmanagers(snaps.values(), interval_s=interval_s, now_ms=now_ms)
+        self._run_actions(events, snaps.values(), pending, now_ms)
+
+    def _snapshot(self, alert: Alert) -> AlertSnapshot:
+        labels = dict(alert.labels)
+        resolved = alert.state is AlertState.INACTIVE
+        return AlertSnapshot(
+            labels=labels, annotations=dict(alert.annotations), status="resolved" if resolved else "firing",
+            starts_at_ms=alert.fired_at_ms or alert.active_at_ms, ends_at_ms=alert.resolved_at_ms if resolved else 0,
+            value=alert.value, generator_url=self._external_url,
+        )
+
+    def _record_incidents(self, events: list[AlertEvent]) -> None:
+        for e in events:
+            labels = dict(e.alert.labels)
+            fp = fingerprint(labels)
+            if e.kind == "firing":
+                with self._db.transaction():
+                    self._db.open_incident(fingerprint=fp, alertname=e.rule, labels=labels,
+                                           severity=labels.get("severity", ""),
+                                           summary=e.alert.annotations.get("summary", ""), started_ms=e.at_ms)
+                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="fired", detail={"value": _num(e.alert.value)})
+            elif e.kind == "resolved":
+                with self._db.transaction():
+                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="resolved", detail={})
+                    self._db.resolve_incident(fp, resolved_ms=e.at_ms)
+
+    # -- grouped receivers (Alertmanager's dispatcher) --------------------------------------
+    def _insert(self, route: Route, snap: AlertSnapshot, now_ms: int) -> None:
+        key, labels = group_for(route, snap.labels)
+        ag = self._groups.get((route.path, key))
+        if ag is None:
+            ag = self._groups[(route.path, key)] = _AggGroup(route, key, labels, {},
+                                                            now_ms + int(route.group_wait_s * 1000))
+        ag.alerts[snap.fingerprint] = snap
+
+    def flush_due(self, now_ms: int) -> int:
+        """Flush every aggregation group whose timer is due; returns notifications queued."""
+        queued = 0
+        silences = self._db.silences(now_ms=now_ms)
+        for gid in list(self._groups):
+            ag = self._groups[gid]
+            if ag.next_flush_ms > now_ms:
+                continue
+            ag.next_flush_ms = now_ms + int(ag.route.group_interval_s * 1000)
+            queued += self._flush(ag, silences, now_ms)
+            for fp, snap in list(ag.alerts.items()):  # resolved ones were reported (or never will be)
+                if snap.status == "resolved":
+                    del ag.alerts[fp]
+            if not ag.alerts:
+                del self._groups[gid]
+        return queued
+
+    def _flush(self, ag: _AggGroup, silences: list[Any], now_ms: int) -> int:
+        route = ag.route
+        firing = [a for a in ag.alerts.values() if a.status == "firing" and not silenced_by(a.labels, silences, now_ms)]
+        resolved = [a for a in ag.alerts.values() if a.status == "resolved"]
+        if not firing and not resolved:  # everything silenced: Alertmanager's MuteStage stops here
+            return 0
+        entry = self._db.get_nflog(route.receiver, ag.key)
+        fset, rset = frozenset(a.fingerprint for a in firing), frozenset(a.fingerprint for a in resolved)
+        if not _needs_update(entry, fset, rset, send_resolved=route.send_resolved,
+                             repeat_ms=int(route.repeat_interval_s * 1000), now_ms=now_ms):
+            return 0
+        shown = firing + (resolved if route.send_resolved else [])
+        if not shown:  # everything resolved, send_resolved off: just forget what was sent
+            self._db.delete_nflog(route.receiver, ag.key)
+            return 0
+        digest = hashlib.sha256(",".join([*sorted(fset), "|", *sorted(rset)]).encode()).hexdigest()[:12]
+        n = Notification(
+            key=f"{route.receiver}:{group_key_hash(route.receiver, ag.key)}:{digest}:{now_ms}",
+            receiver=route.receiver, kind="alerts", created_ms=now_ms, group_key=ag.key,
+            group_labels=ag.labels, status="firing" if firing else "resolved",
+            alerts=tuple(sorted(shown, key=lambda a: (a.status, sorted(a.labels.items())))),
+            external_url=self._external_url,
+        )
+        with self._db.transaction():
+            self._db.enqueue(n, now_ms=now_ms)
+            if firing:
+                self._db.put_nflog(route.receiver, ag.key, NflogEntry(fset, rset, now_ms))
+            else:
+                self._db.delete_nflog(route.receiver, ag.key)
+        log.info("notification queued", receiver=route.receiver, group=ag.key, firing=len(firing),
+                 resolved=len(resolved))
+        return 1
+
+    # -- Alertmanager receivers (Prometheus' notifier rules) -----------------------------------
+    def _send_to_alertmanagers(self, snaps: Iterable[AlertSnapshot], *, interval_s: float, now_ms: int) -> None:
+        batches: dict[str, list[AlertSnapshot]] = {}
+        for snap in snaps:
+            receivers = {r.receiver for r in self._router.routes_for(snap.labels)
+                         if self._kinds.get(r.receiver) == "alertmanager"}
+            for receiver in receivers:
+                resend_ms = int(self._am_resend_s[receiver] * 1000)
+                k = (receiver, snap.fingerprint)
+                if snap.status == "resolved":
+                    if k in self._am_resolved_sent and now_ms - self._am_last_sent.get(k, 0) <= resend_ms:
+                        continue
+                    self._am_resolved_sent.add(k)
+                    out = snap
+                else:
+                    self._am_resolved_sent.discard(k)
+                    if now_ms - self._am_last_sent.get(k, -(10**15)) <= resend_ms:
+                        continue
+                    valid_ms = 4 * int(max(interval_s, self._am_resend_s[receiver]) * 1000)
+                    out = AlertSnapshot(snap.labels, snap.annotations, "firing", snap.starts_at_ms,
+                                        now_ms + valid_ms, snap.value, snap.generator_url, snap.fingerprint)
+                self._am_last_sent[k] = now_ms
+                batches.setdefault(receiver, []).append(out)
+        for receiver, alerts in batches.items():
+            for i, _url in enumerate(self._am_urls[receiver]):
+                self._enqueue_am(f"{receiver}[{i}]", alerts, now_ms)
+
+    def _enqueue_am(self, queue: str, alerts: list[AlertSnapshot], now_ms: int) -> None:
+        """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
+        after an outage the Alertmanager gets each alert's latest state once, not a
+        backlog of stale ``endsAt`` values that would flap it."""
+        for item in reversed(self._db.pending(queue)):
+            if item.id in self._in_flight_ids:
+                break
+            old = item.notification()
+            merged = {a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}
+            self._db.replace_payload(item.id, _with_alerts(old, tuple(merged.values())))
+            return
+        n = Notification(key=f"{queue}:{now_ms}:{len(alerts)}", receiver=queue, kind="alerts", created_ms=now_ms,
+                         status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
+                         alerts=tuple(alerts), external_url=self._external_url)
+        self._db.enqueue(n, now_ms=now_ms)
+
+    # -- actions ------------------------------------------------------------------------------------
+    def _run_actions(self, events: list[AlertEvent], snaps: Iterable[AlertSnapshot], pending: list[AlertSnapshot],
+                     now_ms: int) -> None:
+        started = {fingerprint(dict(e.alert.labels)) for e in events if e.kind == "firing"}
+        for snap in pending:  # a pending scale-out alert already means "not healthy" for scale-in
+            for action in self._router.actions_for(snap.labels):
+                self._mark_unhealthy(action, snap, now_ms)
+        for snap in snaps:
+            if snap.status != "firing":
+                continue
+            for action in self._router.actions_for(snap.labels):
+                if action.type in ("scale_out", "scale_in"):
+                    self._mark_unhealthy(action, snap, now_ms)
+                    self._scale(action, snap, now_ms)
+                elif snap.fingerprint in started and self._diagnose is not None:
+                    try:
+                        self._diagnose(snap)
+                    except Exception:  # a diagnostic must never stop notifications
+                        log.exception("diagnosis hook failed", alertname=snap.labels.get("alertname", ""))
+
+    def _mark_unhealthy(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int) -> None:
+        if action.type != "scale_out" or self._scaler is None:
+            return
+        service = self._scaler.service_for(snap.labels, action.service)
+        if service is not None:
+            self._scaler.mark_unhealthy(service.name, now_ms)
+
+    def _scale(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int) -> None:
+        """Every evaluation while the alert fires: the scaler's cooldowns and bounds decide."""
+        if self._scaler is None:
+            return
+        service = self._scaler.service_for(snap.labels, action.service)
+        if service is None:
+            return
+        decision = self._scaler.decide("out" if action.type == "scale_out" else "in", snap,
+                                       service=service.name, now_ms=now_ms)
+        if decision.acted or decision.dry_run:
+            log.info("scale decision", service=decision.service, direction=decision.direction,
+                     from_replicas=decision.from_replicas, to_replicas=decision.to_replicas,
+                     dry_run=decision.dry_run, reason=decision.reason)
+
+    # -- findings ---------------------------------------------------------------------------------------
+    def post_finding(self, finding: Finding, alert: AlertSnapshot | None, *, now_ms: int) -> int:
+        """Queue a finding for the receivers of ``alert`` (into its Slack thread) or, without an
+        alert, for the root route's receiver; record it in the alert's incident."""
+        routes = self._router.routes_for(alert.labels) if alert is not None else [self._router.root]
+        digest = hashlib.sha256(repr(sorted(finding.to_json().items())).encode()).hexdigest()[:12]
+        queued = 0
+        with self._db.transaction():
+            if alert is not None:
+                self._db.add_incident_event(alert.fingerprint, at_ms=now_ms, kind="finding",
+                                            detail={"kind": finding.kind, "summary": finding.summary,
+                                                    "setting": finding.setting,
+                                                    "suggested_value": finding.suggested_value,
+                                                    "runbook_url": finding.runbook_url})
+            for route in routes:
+                if self._kinds.get(route.receiver) == "alertmanager":
+                    continue
+                gkey = group_for(route, alert.labels)[0] if alert is not None else ""
+                n = Notification(key=f"finding:{route.receiver}:{digest}:{now_ms}", receiver=route.receiver,
+                                 kind="finding", created_ms=now_ms, group_key=gkey,
+                                 alerts=(alert,) if alert is not None else (), finding=finding.to_json(),
+                                 external_url=self._external_url)
+                queued += int(self._db.enqueue(n, now_ms=now_ms))
+        return queued
+
+    # -- delivery ---------------------------------------------------------------------------------------
+    async def tick(self) -> None:
+        """One dispatch round: flush due groups, start a delivery for each due queue head."""
+        now_ms = int(self._clock() * 1000)
+        self.flush_due(now_ms)
+        for item in self._db.due(now_ms):
+            if item.receiver in self._in_flight:
+                continue
+            task = asyncio.create_task(self._deliver(item))
+            self._in_flight[item.receiver] = task
+            self._in_flight_ids.add(item.id)
+            task.add_done_callback(functools.partial(self._done, item.receiver, item.id))
+
+    def _done(self, receiver: str, item_id: int, _task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(receiver, None)
+        self._in_flight_ids.discard(item_id)
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait for deliveries in flight (shutdown, tests)."""
+        tasks = list(self._in_flight.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    async def _deliver(self, item: OutboxItem) -> None:
+        now_ms = int(self._clock() * 1000)
+        bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
+        sink = self.sinks.get(item.receiver)
+        if sink is None:
+            self._db.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
+            bound.warning("notification dropped: receiver no longer configured")
+            return
+        n = item.notification()
+        self._db.begin_attempt(item.id, next_attempt_ms=now_ms + self._backoff_ms(item.attempts))
+        try:
+            reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
+        except (DeliveryError, TimeoutError) as exc:
+            self._failed(item, n, exc, bound)
+            return
+        except Exception as exc:  # a sink bug must not kill the dispatcher; treat as retryable
+            bound.exception("sink raised an unexpected error")
+            self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound)
+            return
+        done_ms = int(self._clock() * 1000)
+        with self._db.transaction():
+            self._db.ack(item.id, now_ms=done_ms)
+            for a in n.alerts:
+                self._db.add_incident_event(a.fingerprint, at_ms=done_ms, kind="notified",
+                                            detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
+        if n.kind == "scale" and self._scaler is not None:
+            self._scaler.on_ack(n, reply)
+        self.stats.bump(self.stats.sent, item.receiver)
+        bound.info("notification delivered", kind=n.kind, status=n.status, alerts=len(n.alerts))
+
+    def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any) -> None:
+        now_ms = int(self._clock() * 1000)
+        permanent = isinstance(exc, DeliveryError) and exc.permanent
+        too_old = now_ms - item.created_ms > self._notify.give_up_after * 1000
+        error = str(exc) or type(exc).__name__
+        if permanent or too_old:
+            with self._db.transaction():
+                self._db.fail(item.id, error=error, now_ms=now_ms)
+                for a in n.alerts:
+                    self._db.add_incident_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
+                                                detail={"receiver": item.receiver, "error": error})
+            self.stats.bump(self.stats.failed, item.receiver)
+            bound.error("notification failed for good", error=error,
+                        reason="rejected by receiver" if permanent else "gave up after notify.give_up_after")
+            return
+        delay = self._backoff_ms(item.attempts + 1)
+        hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
+        if hint is not None:
+            delay = max(delay, int(hint * 1000))
+        self._db.retry(item.id, next_attempt_ms=now_ms + delay, error=error)
+        self.stats.bump(self.stats.retried, item.receiver)
+        bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))
+
+    def _backoff_ms(self, attempts: int) -> int:
+        """Exponential backoff with "equal jitter": half fixed, half random, capped."""
+        cap = min(self._notify.retry_max, self._notify.retry_initial * 2 ** min(attempts, 30))
+        return int(1000 * (cap / 2 + self._rng() * cap / 2))
+
+    def outbox_depth(self) -> dict[str, int]:
+        return self._db.outbox_depth()
+
+
+def _needs_update(entry: NflogEntry | None, firing: frozenset[str], resolved: frozenset[str], *,
+                  send_resolved: bool, repeat_ms: int, now_ms: int) -> bool:
+    """Alertmanager's ``DedupStage.needsUpdate``."""
+    if entry is None:
+        return bool(firing)
+    if not firing <= entry.firing:
+        return True
+    if not firing:
+        return bool(entry.firing)
+    if send_resolved and not resolved <= entry.resolved:
+        return True
+    return entry.sent_ms + repeat_ms <= now_ms
+
+
+def _with_alerts(n: Notification, alerts: tuple[AlertSnapshot, ...]) -> Notification:
+    return Notification(key=n.key, receiver=n.receiver, kind=n.kind, created_ms=n.created_ms, group_key=n.group_key,
+                        group_labels=n.group_labels,
+                        status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
+                        alerts=alerts, external_url=n.external_url, finding=n.finding, scale=n.scale)
+
+
+def _num(v: float) -> float | None:
+    return v if math.isfinite(v) else None
