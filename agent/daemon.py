@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 from aiohttp import web
@@ -91,6 +91,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         nvml_module: types.ModuleType | None = None,
         hostname: str | None = None,
+        notify_stream: TextIO | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -101,7 +102,8 @@ class Agent:
         self.rules = RuleManager(groups, self.store, self.engine, default_interval_s=rc.evaluation_interval,
                                  external_labels=rc.external_labels, external_url=rc.external_url)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
-        self.act = ActLayer(config, self.rules, clock=clock)  # opens the state db, restores alert state
+        # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
+        self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
         sc = config.scrape
         self.scraper = Scraper(
             self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,

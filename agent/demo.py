@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import sys
 import tempfile
 import time
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -78,7 +81,20 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render_view(agent: Agent, scenario: str, started: float, clear: bool) -> str:
+class _NotificationFeed(io.StringIO):
+    """Where the demo's console receiver writes: the view shows the last lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: deque[str] = deque(maxlen=8)
+
+    def write(self, text: str) -> int:
+        self.lines.extend(line for line in text.splitlines() if line.strip())
+        return len(text)
+
+
+def render_view(agent: Agent, scenario: str, started: float, clear: bool,
+                notifications: Iterable[str] = ()) -> str:
     rows = fleet_rows(agent)
     nv = agent.nvml
     gpu = "GPU: " + ("disabled" if nv is None else ("NVML ok" if nv.available else f"unavailable ({nv.reason})"))
@@ -104,6 +120,10 @@ def render_view(agent: Agent, scenario: str, started: float, clear: bool) -> str
                      f"{a.annotations.get('summary', '')}")
     if len(alerts) > 12:
         lines.append(f"  ... and {len(alerts) - 12} more (GET /api/v1/alerts)")
+    desired = agent.act.scaler.desired_replicas()
+    lines += ["", "notifications (console receiver) and scaling: "
+              + (", ".join(f"{svc} wants {n} replicas" for svc, n in desired.items()) or "no scale-out yet")]
+    lines += [f"  {n}" for n in notifications] or ["  (none yet: alerts notify after `for` and group_wait)"]
     st = agent.store.stats()
     lines += ["", f"store: {st['series']} series, {st['samples']} samples | agent API: "
               f"http://127.0.0.1:{agent.port}/api/v1/targets  /metrics", ""]
@@ -147,8 +167,16 @@ async def run_demo(
                 "server": {"listen": listen},
                 "rules": {"files": [str(bundled_rules_dir() / "*.rules.yaml")], "evaluation_interval": interval},
                 "state": {"path": str(Path(tmp) / "state.db")},
+                "route": {"receiver": "console", "group_by": ["alertname"], "group_wait": "5s",
+                          "group_interval": "30s", "repeat_interval": "1h"},
+                # the bundled scale-out rules carry action=scale_out; the simulator's control port takes it
+                "scaling": {"services": [{
+                    "name": "vllm", "matchers": ['job="vllm"'], "webhook": {"url": f"{fleet.control_url}/scale"},
+                    "min_replicas": fleet_cfg.replicas, "max_replicas": fleet_cfg.replicas + 4,
+                    "initial_replicas": fleet_cfg.replicas, "scale_out_cooldown": "1m"}]},
             })
-            agent = Agent(config)
+            feed = _NotificationFeed()
+            agent = Agent(config, notify_stream=feed)
             await agent.start()
             started, clear = time.time(), out.isatty()
             print(f"simulator control: {fleet.control_url} (POST /scale {{\"replicas\": N}}); "
@@ -160,7 +188,7 @@ async def run_demo(
                     if groups != published:  # the fleet was scaled: tell the agent
                         _publish(sd, groups)
                         published = groups
-                    print(render_view(agent, fleet_cfg.scenario, started, clear), file=out, flush=True)
+                    print(render_view(agent, fleet_cfg.scenario, started, clear, feed.lines), file=out, flush=True)
             finally:
                 with contextlib.suppress(Exception):
                     await agent.stop()
