@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,6 +23,15 @@ def shared_path(*parts: str) -> Path:
     if not p.exists():
         pytest.skip(f"{p.relative_to(SHARED.parent)} not present (conformance data lives beside the repo in CI)")
     return p
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """cli.main() binds structlog to the test's captured stderr; restore logging after each test."""
+    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
+    yield
+    structlog.configure(**saved)
+    logging.getLogger().handlers[:] = handlers
 
 
 @pytest.fixture

@@ -1,0 +1,274 @@
+"""Model shapes and GPU memory sizes the memory planner reasons about.
+
+The planner needs a model's *shape* (layers, hidden size, attention and KV heads,
+head size, vocabulary, MLP width), not its weights: KV bytes per token and weight
+bytes both follow from it. This module holds
+
+* :class:`ModelSpec` and :meth:`ModelSpec.from_hf_config`, which reads a Hugging Face
+  ``config.json`` (Llama/Qwen2/InternLM2 field names, Qwen1's ``kv_channels``/
+  ``seq_length``, ChatGLM's ``multi_query_group_num``, GPT-2 style ``n_layer``/``n_head``);
+* built-in presets for the models the deployment guides name, transcribed from their
+  published ``config.json`` (``tests/fixtures/planner/`` holds the transcriptions and
+  their sources; a test checks presets and files agree and that the parameter count
+  computed from the shape matches the published one);
+* the memory totals NVML reports for common GPUs.
+
+Parameters are counted from the shape (:func:`count_params`) rather than typed in, so
+a preset and a ``--model-config`` file go through the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from agent.errors import DiagnosisError
+
+__all__ = [
+    "GPU_MEMORY_MIB",
+    "PRESETS",
+    "PRESET_SOURCES",
+    "ModelSpec",
+    "count_params",
+    "find_model",
+    "gpu_memory_bytes",
+    "load_model_config",
+    "normalize_model_name",
+    "quantization_from_name",
+]
+
+# Name tokens that say which fine-tune or packaging a checkpoint is, not which shape it has:
+# "meta-llama/Meta-Llama-3-70B-Instruct", "Qwen/Qwen-7B-Chat", "internlm/internlm2-chat-20b",
+# "TheBloke/Llama-2-7B-AWQ" all name a preset's shape.
+_NOISE_TOKENS = frozenset({
+    "meta", "instruct", "chat", "hf", "base", "sft", "it", "awq", "gptq", "int4", "int8", "fp8", "fp16", "bf16",
+})
+_QUANT_TOKENS = {"awq": "awq", "gptq": "gptq", "int4": "gptq", "fp8": "fp8", "int8": "int8"}
+
+# vLLM's _get_and_verify_max_len: the model's length is the smallest of these keys present.
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_sequence_length", "max_seq_length", "seq_len")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer, as far as memory planning needs it.
+
+    ``intermediate_size`` is the width of *each* MLP projection (gate, up, down). Qwen1's
+    ``config.json`` states twice that (22016 for Qwen-7B, whose ``w1``/``w2`` are 11008 wide);
+    :meth:`from_hf_config` halves it. ``max_position_embeddings`` is the length vLLM uses
+    when ``--max-model-len`` is not given (the smallest of the config's length keys).
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    num_params: float
+    dtype: str = "bfloat16"
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    quant_method: str = ""  # the checkpoint's quantization_config.quant_method, "" if none
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus ``lm_head`` (one matrix when tied): kept 16-bit by AWQ/GPTQ/FP8."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def is_gqa(self) -> bool:
+        return self.num_key_value_heads < self.num_attention_heads
+
+    @classmethod
+    def from_hf_config(cls, data: Mapping[str, Any], name: str = "") -> ModelSpec:
+        """Read a Hugging Face ``config.json`` mapping. Raises :class:`DiagnosisError` naming
+        the missing field when the shape cannot be determined."""
+        if "text_config" in data and not _has_any(data, ("num_hidden_layers", "n_layer", "num_layers")):
+            data = {**data["text_config"], **{k: v for k, v in data.items() if k == "torch_dtype"}}
+        model_type = str(data.get("model_type", ""))
+        layers = _int_field(data, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"), "num_hidden_layers")
+        hidden = _int_field(data, ("hidden_size", "n_embd", "d_model"), "hidden_size")
+        heads = _int_field(data, ("num_attention_heads", "n_head", "num_heads"), "num_attention_heads")
+        kv_heads = _opt_int(data, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
+        if kv_heads is None and data.get("multi_query_attention"):
+            kv_heads = _opt_int(data, ("multi_query_group_num",))
+        kv_heads = kv_heads or heads  # absent: multi-head attention, one KV head per query head
+        head_dim = _opt_int(data, ("head_dim", "kv_channels")) or hidden // heads
+        vocab = _int_field(data, ("vocab_size", "padded_vocab_size"), "vocab_size")
+        inter = _opt_int(data, ("intermediate_size", "ffn_hidden_size", "n_inner")) or 4 * hidden
+        if model_type == "qwen":
+            inter //= 2  # Qwen1: w1 and w2 are each intermediate_size/2 wide (modeling_qwen.QWenMLP)
+        lengths = [int(data[k]) for k in _MAX_LEN_KEYS if isinstance(data.get(k), int) and data[k] > 0]
+        max_len = min(lengths) if lengths else 2048  # vLLM's fallback when a config names no length
+        dtype = _dtype_of(data)
+        tied = bool(data.get("tie_word_embeddings", False))
+        bias = model_type in ("qwen", "qwen2") or bool(data.get("attention_bias") or data.get("add_qkv_bias"))
+        quant = data.get("quantization_config")
+        quant_method = str(quant.get("quant_method", "")).lower() if isinstance(quant, Mapping) else ""
+        params = count_params(layers, hidden, heads, kv_heads, head_dim, vocab=vocab, intermediate=inter, tied=tied,
+                              qkv_bias=bias)
+        label = name or str(data.get("_name_or_path") or model_type or "model")
+        return cls(name=label, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                   num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, intermediate_size=inter,
+                   max_position_embeddings=max_len, num_params=float(params), dtype=dtype,
+                   tie_word_embeddings=tied, qkv_bias=bias, quant_method=quant_method)
+
+
+def count_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, *, vocab: int,
+                 intermediate: int, tied: bool = False, qkv_bias: bool = False) -> int:
+    """Parameters of a Llama-style decoder: embeddings (+ untied ``lm_head``), per layer
+    Q/K/V/O projections, a gated MLP (gate, up, down) and two norms, plus the final norm."""
+    q = heads * head_dim
+    kv = kv_heads * head_dim
+    attention = hidden * q + 2 * hidden * kv + q * hidden + ((q + 2 * kv) if qkv_bias else 0)
+    per_layer = attention + 3 * hidden * intermediate + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def _has_any(data: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+    return any(k in data for k in keys)
+
+
+def _opt_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _int_field(data: Mapping[str, Any], keys: tuple[str, ...], label: str) -> int:
+    value = _opt_int(data, keys)
+    if value is None:
+        raise DiagnosisError(f"model config has no {label} (looked for {', '.join(keys)})")
+    return value
+
+
+def _dtype_of(data: Mapping[str, Any]) -> str:
+    """``torch_dtype`` (or newer ``dtype``); Qwen1 uses ``bf16``/``fp16`` flags; default bfloat16."""
+    raw = str(data.get("torch_dtype") or data.get("dtype") or "").lower()
+    if raw in ("float16", "bfloat16", "float32"):
+        return raw
+    if data.get("fp16"):
+        return "float16"
+    return "bfloat16"
+
+
+def _preset(name: str, hf_id: str, shape: tuple[int, int, int, int, int, int], max_len: int, dtype: str, *,
+            qkv_bias: bool = False) -> tuple[ModelSpec, str]:
+    """``shape`` = (layers, hidden, attention heads, KV heads, vocabulary, MLP width)."""
+    layers, hidden, heads, kv_heads, vocab, inter = shape
+    head_dim = hidden // heads
+    params = count_params(layers, hidden, heads, kv_heads, head_dim, vocab=vocab, intermediate=inter,
+                          qkv_bias=qkv_bias)
+    spec = ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, intermediate_size=inter,
+                     max_position_embeddings=max_len, num_params=float(params), dtype=dtype, qkv_bias=qkv_bias)
+    return spec, hf_id
+
+
+# Transcribed from each model's published config.json (the Hugging Face id is the source;
+# tests/fixtures/planner/ holds the files and README). Qwen1's MLP width is half its config's
+# intermediate_size; its length is min(max_position_embeddings, seq_length) as in vLLM.
+_PRESET_LIST = (
+    _preset("Llama-2-7B", "meta-llama/Llama-2-7b-hf", (32, 4096, 32, 32, 32000, 11008), 4096, "float16"),
+    _preset("Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct", (32, 4096, 32, 8, 128256, 14336), 8192,
+            "bfloat16"),
+    _preset("Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct", (80, 8192, 64, 8, 128256, 28672), 8192,
+            "bfloat16"),
+    _preset("Qwen-7B", "Qwen/Qwen-7B-Chat", (32, 4096, 32, 32, 151936, 11008), 8192, "bfloat16", qkv_bias=True),
+    _preset("Qwen2-7B", "Qwen/Qwen2-7B-Instruct", (28, 3584, 28, 4, 152064, 18944), 32768, "bfloat16",
+            qkv_bias=True),
+    _preset("Qwen-72B", "Qwen/Qwen-72B-Chat", (80, 8192, 64, 64, 152064, 24576), 32768, "bfloat16", qkv_bias=True),
+    _preset("Qwen2-72B", "Qwen/Qwen2-72B-Instruct", (80, 8192, 64, 8, 152064, 29568), 32768, "bfloat16",
+            qkv_bias=True),
+    _preset("InternLM2-20B", "internlm/internlm2-chat-20b", (48, 6144, 48, 8, 92544, 16384), 32768, "bfloat16"),
+)
+
+PRESETS: Mapping[str, ModelSpec] = MappingProxyType({spec.name: spec for spec, _ in _PRESET_LIST})
+PRESET_SOURCES: Mapping[str, str] = MappingProxyType({spec.name: hf for spec, hf in _PRESET_LIST})
+
+# Memory totals as NVML (nvidia-smi, dcgm-exporter's DCGM_FI_DEV_FB_*) reports them, in MiB, read
+# off nvidia-smi output of idle cards: A100-SXM4/PCIe-40GB 40960, A100-SXM4-80GB 81920, H100 80GB
+# HBM3 81559, H200 143771, L40S 46068, RTX 4090 24564. CUDA's own total (what vLLM's
+# `total_gpu_memory` prints) is a little lower, e.g. 79.22 GiB on an H100 (81559 MiB = 79.65 GiB).
+GPU_MEMORY_MIB: Mapping[str, int] = MappingProxyType({
+    "A100-40GB": 40960,
+    "A100-80GB": 81920,
+    "H100": 81559,
+    "H200": 143771,
+    "L40S": 46068,
+    "RTX-4090": 24564,
+})
+_GPU_ALIASES = {
+    "a100": "A100-80GB", "a10040g": "A100-40GB", "a10040gb": "A100-40GB", "a10080g": "A100-80GB",
+    "a10080gb": "A100-80GB", "h100": "H100", "h10080gb": "H100", "h100sxm": "H100", "h200": "H200",
+    "h200141gb": "H200", "l40s": "L40S", "rtx4090": "RTX-4090", "4090": "RTX-4090", "geforcertx4090": "RTX-4090",
+}
+
+
+def normalize_model_name(name: str) -> str:
+    """``meta-llama/Meta-Llama-3-70B-Instruct`` → ``llama370b``: last path part, lower case,
+    fine-tune/packaging tokens dropped, punctuation removed."""
+    base = re.split(r"[/\\]", name.strip().rstrip("/\\"))[-1].lower()
+    tokens = [t for t in re.split(r"[-_.\s]+", base) if t and t not in _NOISE_TOKENS]
+    return "".join(re.sub(r"[^a-z0-9]", "", t) for t in tokens)
+
+
+def quantization_from_name(name: str) -> str:
+    """``TheBloke/Llama-2-7B-AWQ`` → ``awq``; ``""`` when the name says nothing."""
+    base = re.split(r"[/\\]", name.strip().rstrip("/\\"))[-1].lower()
+    for token in re.split(r"[-_.\s]+", base):
+        if token in _QUANT_TOKENS:
+            return _QUANT_TOKENS[token]
+    return ""
+
+
+_BY_KEY = {normalize_model_name(n): spec for n, spec in PRESETS.items()} | {
+    normalize_model_name(hf): PRESETS[n] for n, hf in PRESET_SOURCES.items()
+}
+
+
+def find_model(name: str) -> ModelSpec:
+    """A preset by name or Hugging Face id, case-insensitively. Raises :class:`DiagnosisError`
+    listing the presets (and suggesting ``--model-config``) when there is none."""
+    spec = _BY_KEY.get(normalize_model_name(name))
+    if spec is None:
+        raise DiagnosisError(
+            f"unknown model {name!r}; presets: {', '.join(PRESETS)}. For another model pass its Hugging Face "
+            "config.json with --model-config PATH")
+    return spec
+
+
+def gpu_memory_bytes(name: str) -> int:
+    """Total memory of a GPU preset in bytes (NVML's MiB × 2**20). Raises :class:`DiagnosisError`
+    listing the presets (and suggesting ``--gpu-memory``) when the name is unknown."""
+    key = re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", ""))
+    canonical = next((g for g in GPU_MEMORY_MIB if re.sub(r"[^a-z0-9]", "", g.lower()) == key), None)
+    canonical = canonical or _GPU_ALIASES.get(key)
+    if canonical is None:
+        raise DiagnosisError(f"unknown GPU {name!r}; presets: {', '.join(GPU_MEMORY_MIB)}. "
+                             "Or give the size with --gpu-memory, e.g. 80GiB")
+    return GPU_MEMORY_MIB[canonical] * 2**20
+
+
+def load_model_config(path: Path, name: str = "") -> ModelSpec:
+    """:meth:`ModelSpec.from_hf_config` on a file; unreadable or non-JSON files raise
+    :class:`DiagnosisError` from their cause."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DiagnosisError(f"cannot read model config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise DiagnosisError(f"model config {path} is not a JSON object")
+    return ModelSpec.from_hf_config(data, name=name or path.parent.name or path.stem)
