@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
+from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -529,6 +530,16 @@ class NcclDiagnosisConfig(_Model):
     cooldown: Duration = 3600.0
     interconnect: str = ""  # a key of the expected-bandwidth table; empty: guess from GPU count
     expected_gbps: float | None = None  # overrides the table
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        if v:
+            try:
+                CronTrigger.from_crontab(v)
+            except ValueError as exc:
+                raise ValueError(f"not a cron expression (5 fields, e.g. '0 3 * * *'): {v!r} ({exc})") from exc
+        return v
 
 
 class DiagnosticsConfig(_Model):

@@ -26,10 +26,12 @@ from typing import Any, TextIO
 import structlog
 from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
 
 from agent import catalog
 from agent.act import ActCollector, ActLayer
 from agent.config import Config
+from agent.diagnostics import Diagnostics, DiagnosticsCollector
 from agent.discovery import FileSD, all_targets
 from agent.nvml import NvmlSource
 from agent.promql import Engine
@@ -46,6 +48,7 @@ __all__ = ["Agent", "keep_list", "rule_paths"]
 log = structlog.get_logger(__name__)
 
 _GC_INTERVAL_S = 60.0
+_LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
 
 
 def rule_paths(patterns: list[str]) -> list[str]:
@@ -104,6 +107,8 @@ class Agent:
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
+        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock)
+        self.act.set_diagnose_hook(self.diagnostics.on_alert)
         sc = config.scrape
         self.scraper = Scraper(
             self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
@@ -120,6 +125,7 @@ class Agent:
         self.registry = build_registry(
             AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules),
             ActCollector(self.act),
+            DiagnosticsCollector(self.diagnostics),
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._runner: web.AppRunner | None = None
@@ -171,6 +177,7 @@ class Agent:
         t0 = time.perf_counter()
         self.scraper.set_targets(all_targets(self.config, self.file_sd))
         await self.scraper.scrape_all()
+        self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
         self.stats.last_cycle_seconds = time.perf_counter() - t0
         self.stats.scrape_cycles += 1
 
@@ -222,6 +229,12 @@ class Agent:
     async def _dispatch_job(self) -> None:
         await self.act.tick()
 
+    async def _logs_job(self) -> None:
+        self.diagnostics.poll_logs()
+
+    async def _nccl_job(self) -> None:
+        self.diagnostics.request_nccl(reason="schedule")
+
     def gc(self) -> None:
         dropped = self.store.gc(int(self._clock() * 1000))
         if dropped:
@@ -253,6 +266,13 @@ class Agent:
         await self.act.start()
         sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
                       max_instances=1, coalesce=True, next_run_time=first)
+        diag = cfg.diagnostics
+        if diag.oom.enabled and diag.oom.log_files:
+            sched.add_job(self._logs_job, "interval", seconds=_LOG_POLL_S, id="oom-logs", max_instances=1,
+                          coalesce=True, next_run_time=first)
+        if diag.nccl.enabled and diag.nccl.schedule:
+            sched.add_job(self._nccl_job, CronTrigger.from_crontab(diag.nccl.schedule), id="nccl",
+                          max_instances=1, coalesce=True)
         sched.start()
         self._scheduler = sched
         log.info("agent started", targets=len(cfg.targets), file_sd=len(cfg.file_sd),
@@ -264,6 +284,7 @@ class Agent:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
         await self.scraper.close()
+        await self.diagnostics.stop()
         await self.act.stop()
         if self._runner is not None:
             await self._runner.cleanup()
