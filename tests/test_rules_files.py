@@ -18,10 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.diagnose import nccl, oom, planner
+from agent.diagnose.findings import DEFAULT_RUNBOOK_BASE
+
 REPO = Path(__file__).resolve().parents[1]
 RULES_DIR = REPO / "rules"
 RUNBOOKS_DIR = REPO / "runbooks"
 RULE_TESTS_DIR = REPO / "tests" / "rules"
+FIXTURES = REPO / "tests" / "fixtures"
 
 RUNBOOK_BASE = "https://github.com/sre-agent/sre-agent/blob/main/runbooks/"
 SEVERITIES = {"critical", "warning", "info", "none"}
@@ -30,7 +34,7 @@ PREFIXES = {"vllm": "VLLM", "lmdeploy": "LMDeploy", "gpu": "GPU", "agent": "SREA
 #: Conventional names that carry no component prefix.
 UNPREFIXED = {"Watchdog"}
 SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
-#: Runbooks that belong to no alert: the index, and diagnosis pages a later issue adds.
+#: Runbooks that belong to no alert: the index, and the diagnosis pages (checked against finding kinds).
 RUNBOOK_EXEMPT = re.compile(r"^(README|diagnosis-.*)\.md$")
 ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 RECORD_KEYS = {"record", "expr", "labels"}
@@ -207,6 +211,44 @@ def test_no_unfinished_markers_in_rules() -> None:
 
 # ---- runbooks --------------------------------------------------------------------------
 RUNBOOKS = sorted(p for p in RUNBOOKS_DIR.glob("*.md") if not RUNBOOK_EXEMPT.match(p.name))
+DIAGNOSIS_RUNBOOKS = sorted(RUNBOOKS_DIR.glob("diagnosis-*.md"))
+FINDING_KINDS = (*oom.KINDS, *nccl.KINDS, *planner.KINDS)
+
+
+def test_every_finding_kind_has_a_runbook() -> None:
+    """runbooks/diagnosis-<kind>.md exists for every kind of finding the diagnoses emit."""
+    missing = [k for k in FINDING_KINDS if not (RUNBOOKS_DIR / f"diagnosis-{k}.md").is_file()]
+    assert not missing
+
+
+def test_every_diagnosis_runbook_has_a_finding_kind() -> None:
+    """Every runbooks/diagnosis-*.md belongs to a finding kind some diagnosis emits."""
+    orphans = [p.name for p in DIAGNOSIS_RUNBOOKS if p.stem.removeprefix("diagnosis-") not in FINDING_KINDS]
+    assert DIAGNOSIS_RUNBOOKS and not orphans
+
+
+def test_findings_from_real_evidence_link_existing_runbooks() -> None:
+    """Every finding the diagnoses produce from the real fixtures links a runbook that exists."""
+    findings = []
+    for path in sorted((FIXTURES / "logs").glob("*")):
+        if path.is_file() and not path.name.endswith(".md"):
+            findings += oom.diagnose_oom(path.read_text(encoding="utf-8", errors="replace"))
+    for path in sorted((FIXTURES / "nccl").glob("*.txt")):
+        findings += nccl.check(nccl.parse_nccl(path.read_text(encoding="utf-8")))[1]
+    inp = planner.PlanInput(planner.find_model("Llama-3-70B"), planner.gpu_memory_bytes("A100-80GB"),
+                            max_model_len=8192)
+    findings += planner.plan(inp).recommendations
+    assert {f.kind for f in findings} >= {"gpu-oom-runtime", "nccl-bandwidth-low", "weights-do-not-fit"}
+    prefix = DEFAULT_RUNBOOK_BASE
+    bad = [(f.kind, f.runbook_url) for f in findings if not f.runbook_url.startswith(prefix)
+           or not (RUNBOOKS_DIR / f.runbook_url.removeprefix(prefix)).is_file()]
+    assert not bad
+
+
+@pytest.mark.parametrize("path", DIAGNOSIS_RUNBOOKS, ids=lambda p: p.stem)
+def test_diagnosis_runbook_format(path: Path) -> None:
+    """A diagnosis runbook has its name as H1, the four sections in order, commands, nothing unfinished."""
+    test_runbook_format(path)
 
 
 def test_every_alert_has_a_runbook() -> None:

@@ -34,6 +34,7 @@ from agent.diagnose.interconnects import expected_busbw, guess_interconnect, nvl
 from agent.errors import DiagnosisError
 
 __all__ = [
+    "KINDS",
     "OK_FRACTION",
     "Measurement",
     "NcclResult",
@@ -48,6 +49,8 @@ __all__ = [
 
 #: A run is healthy at >= 80 % of the expected busbw: NVIDIA's own figures are peaks ("~230GB/s",
 #: "~480GB/s"), and runs on healthy nodes land within a few percent of them (232 GB/s in our A100 fixture).
+#: Finding kinds this check emits (runbooks/diagnosis-<kind>.md; "ok"/"expected-unknown" link bandwidth-low).
+KINDS = ("nccl-failed", "nccl-wrong-results", "nccl-bandwidth-low", "nccl-cross-node-tp")
 OK_FRACTION = 0.8
 #: The guide's cross-node rule: below 1/10 of the NVLink bandwidth, TP across nodes is the bottleneck.
 CROSS_NODE_FRACTION = 0.1
@@ -351,12 +354,14 @@ def check(result: NcclResult, *, expected_gbps: float | None = None, interconnec
         verdict = "unknown"
         findings.append(Finding(
             kind="nccl-expected-unknown", severity="info", evidence=evidence, details=details,
+            runbook_url=runbook_url("diagnosis-nccl-bandwidth-low", runbook_base),
             summary=f"peak busbw {peak or 0:.2f} GB/s; no expected figure for {_where(result)}: pass --interconnect "
                     "(e.g. ib-400gx8) or --expected-gbps"))
     elif ratio >= OK_FRACTION:
         verdict = "ok"
         findings.append(Finding(
             kind="nccl-ok", ok=True, severity="info", evidence=evidence, details=details,
+            runbook_url=runbook_url("diagnosis-nccl-bandwidth-low", runbook_base),
             summary=f"peak busbw {peak:.2f} GB/s is {ratio:.0%} of the {expected:g} GB/s expected ({source}); "
                     f"healthy at >= {OK_FRACTION:.0%}"))
     else:

@@ -44,6 +44,7 @@ from agent.errors import DiagnosisError
 
 __all__ = [
     "ENGINES",
+    "KINDS",
     "KV_CACHE_DTYPES",
     "LMDEPLOY_SCALE_BYTES",
     "MAX_UTILIZATION",
@@ -70,6 +71,8 @@ _DTYPES = ("auto", "float16", "bfloat16", "float32", "half")
 GROUP_SIZE = 128
 BYTES_4BIT = 0.5 + 2.5 / GROUP_SIZE  # packed weight + fp16 scale + packed 4-bit zero point per group
 MAX_UTILIZATION = 0.95  # never suggest more: CUDA graphs and fragmentation live in the rest
+#: Finding kinds the planner emits (each has runbooks/diagnosis-<kind>.md).
+KINDS = ("weights-do-not-fit", "kv-cache-capacity")
 FRAMEWORK_BYTES = 1 * GiB
 MULTI_GPU_EXTRA_BYTES = 3 * GiB // 2
 ACTIVATION_FACTOR = 12  # × tokens × hidden × 2 B; see the module docstring
