@@ -455,8 +455,9 @@ def _default_actions() -> list[ActionConfig]:
 
 
 class NotifyConfig(_Model):
-    """Outbox delivery: exponential backoff with full jitter between retry_initial and
-    retry_max; an item older than give_up_after is dropped and recorded as failed."""
+    """Outbox delivery: exponential backoff with equal jitter — after the n-th failed attempt
+    wait between half and all of min(retry_max, retry_initial × 2^(n-1)), or the receiver's
+    Retry-After if longer; an item older than give_up_after is dropped and recorded as failed."""
 
     retry_initial: Duration = 1.0
     retry_max: Duration = 300.0

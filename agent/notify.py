@@ -20,9 +20,13 @@ After every rule-group evaluation the daemon hands the group's alerts to
 
 Every notification is written to the SQLite outbox before anything is sent and
 leaves it only when the receiver acknowledged (:meth:`Dispatcher.tick` delivers). Each
-receiver has its own FIFO queue, so one that is down delays nobody else; retries
-back off exponentially with jitter, honour ``Retry-After``, and give up (recorded as
-failed) after ``notify.give_up_after``.
+receiver has its own FIFO queue, so one that is down delays nobody else; once its head
+is acknowledged the rest of a backlog follows at once. After the n-th failed attempt of
+an item the next waits ``cap/2 + rng × cap/2`` with ``cap = min(retry_max,
+retry_initial × 2^(n-1))`` (exponential, "equal jitter"), or the receiver's
+``Retry-After`` when longer; a rejection (4xx) or a failure older than
+``notify.give_up_after`` moves the item to failed. The notification log is written
+when a notification is queued (the outbox makes "queued" as good as "sent").
 """
 
 from __future__ import annotations
@@ -79,6 +83,13 @@ class _AggGroup:
 
 
 class Dispatcher:
+    """Turns rule-group evaluations into queued notifications and actions, and delivers the outbox.
+
+    The daemon calls :meth:`observe` after each group evaluation and :meth:`tick` every
+    ``notify.dispatch_interval``; everything external (state database, sinks, scaler,
+    clock, jitter source) is passed in.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -105,12 +116,11 @@ class Dispatcher:
         self._am_resend_s = {r.name: r.alertmanager.resend_delay for r in config.receivers
                              if r.alertmanager is not None}
         self._external_url = config.rules.external_url
-        self._alerts: dict[str, dict[str, AlertSnapshot]] = {}  # rule group -> fingerprint -> snapshot
         self._groups: dict[tuple[str, str], _AggGroup] = {}
         self._am_last_sent: dict[tuple[str, str], int] = {}  # (receiver, fingerprint) -> ms
         self._am_resolved_sent: set[tuple[str, str]] = set()
-        self._in_flight: dict[str, asyncio.Task[None]] = {}  # outbox receiver -> delivery task
-        self._in_flight_ids: set[int] = set()
+        self._in_flight: dict[str, asyncio.Task[None]] = {}  # outbox receiver -> its delivery task
+        self._sending: dict[str, int] = {}  # outbox receiver -> id of the item being sent now
         self.stats = DeliveryStats()
 
     def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
@@ -130,7 +140,6 @@ class Dispatcher:
                 pending.append(snap)
                 continue
             snaps[snap.fingerprint] = snap
-        self._alerts[group] = snaps
         for snap in snaps.values():
             for route in self._router.routes_for(snap.labels):
                 if self._kinds.get(route.receiver) != "alertmanager":
@@ -190,8 +199,9 @@ class Dispatcher:
 
     def _flush(self, ag: _AggGroup, silences: list[Any], now_ms: int) -> int:
         route = ag.route
-        firing = [a for a in ag.alerts.values() if a.status == "firing" and not silenced_by(a.labels, silences, now_ms)]
-        resolved = [a for a in ag.alerts.values() if a.status == "resolved"]
+        unmuted = [a for a in ag.alerts.values() if not silenced_by(a.labels, silences, now_ms)]  # MuteStage
+        firing = [a for a in unmuted if a.status == "firing"]
+        resolved = [a for a in unmuted if a.status == "resolved"]
         if not firing and not resolved:  # everything silenced: Alertmanager's MuteStage stops here
             return 0
         entry = self._db.get_nflog(route.receiver, ag.key)
@@ -253,7 +263,7 @@ class Dispatcher:
         after an outage the Alertmanager gets each alert's latest state once, not a
         backlog of stale ``endsAt`` values that would flap it."""
         for item in reversed(self._db.pending(queue)):
-            if item.id in self._in_flight_ids:
+            if self._sending.get(queue) == item.id:
                 break
             old = item.notification()
             merged = {a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}
@@ -332,20 +342,34 @@ class Dispatcher:
 
     # -- delivery ---------------------------------------------------------------------------------------
     async def tick(self) -> None:
-        """One dispatch round: flush due groups, start a delivery for each due queue head."""
+        """One dispatch round: flush due groups, start delivering each queue whose head is due."""
         now_ms = int(self._clock() * 1000)
         self.flush_due(now_ms)
         for item in self._db.due(now_ms):
             if item.receiver in self._in_flight:
                 continue
-            task = asyncio.create_task(self._deliver(item))
+            task = asyncio.create_task(self._run_queue(item), name=f"deliver {item.receiver}")
             self._in_flight[item.receiver] = task
-            self._in_flight_ids.add(item.id)
-            task.add_done_callback(functools.partial(self._done, item.receiver, item.id))
+            task.add_done_callback(functools.partial(self._done, item.receiver))
 
-    def _done(self, receiver: str, item_id: int, _task: asyncio.Task[None]) -> None:
+    async def _run_queue(self, item: OutboxItem | None) -> None:
+        """Deliver one receiver's queue in order while its head is due and acknowledged, so a
+        backlog left by an outage goes out in one go; stop at the first failure (its backoff)."""
+        while item is not None:
+            self._sending[item.receiver] = item.id
+            try:
+                delivered = await self._deliver(item)
+            finally:
+                self._sending.pop(item.receiver, None)
+            if not delivered:
+                return
+            now_ms = int(self._clock() * 1000)
+            item = next((i for i in self._db.due(now_ms) if i.receiver == item.receiver), None)
+
+    def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(receiver, None)
-        self._in_flight_ids.discard(item_id)
+        if not task.cancelled() and task.exception() is not None:  # the state database failed: log, go on
+            log.error("delivery task failed", receiver=receiver, error=repr(task.exception()))
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait for deliveries in flight (shutdown, tests)."""
@@ -353,25 +377,28 @@ class Dispatcher:
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
 
-    async def _deliver(self, item: OutboxItem) -> None:
+    async def _deliver(self, item: OutboxItem) -> bool:
+        """One attempt at one item; True if the receiver acknowledged it."""
         now_ms = int(self._clock() * 1000)
         bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
         sink = self.sinks.get(item.receiver)
         if sink is None:
             self._db.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
+            self.stats.bump(self.stats.failed, item.receiver)
             bound.warning("notification dropped: receiver no longer configured")
-            return
+            return False
         n = item.notification()
-        self._db.begin_attempt(item.id, next_attempt_ms=now_ms + self._backoff_ms(item.attempts))
+        wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
+        self._db.begin_attempt(item.id, next_attempt_ms=now_ms + wait_ms)
         try:
             reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
         except (DeliveryError, TimeoutError) as exc:
-            self._failed(item, n, exc, bound)
-            return
+            self._failed(item, n, exc, bound, wait_ms)
+            return False
         except Exception as exc:  # a sink bug must not kill the dispatcher; treat as retryable
             bound.exception("sink raised an unexpected error")
-            self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound)
-            return
+            self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound, wait_ms)
+            return False
         done_ms = int(self._clock() * 1000)
         with self._db.transaction():
             self._db.ack(item.id, now_ms=done_ms)
@@ -382,8 +409,9 @@ class Dispatcher:
             self._scaler.on_ack(n, reply)
         self.stats.bump(self.stats.sent, item.receiver)
         bound.info("notification delivered", kind=n.kind, status=n.status, alerts=len(n.alerts))
+        return True
 
-    def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any) -> None:
+    def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
         now_ms = int(self._clock() * 1000)
         permanent = isinstance(exc, DeliveryError) and exc.permanent
         too_old = now_ms - item.created_ms > self._notify.give_up_after * 1000
@@ -398,7 +426,7 @@ class Dispatcher:
             bound.error("notification failed for good", error=error,
                         reason="rejected by receiver" if permanent else "gave up after notify.give_up_after")
             return
-        delay = self._backoff_ms(item.attempts + 1)
+        delay = wait_ms
         hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
         if hint is not None:
             delay = max(delay, int(hint * 1000))
@@ -407,11 +435,13 @@ class Dispatcher:
         bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))
 
     def _backoff_ms(self, attempts: int) -> int:
-        """Exponential backoff with "equal jitter": half fixed, half random, capped."""
+        """The wait after the (``attempts`` + 1)-th failed attempt: exponential backoff with "equal
+        jitter" (half fixed, half random), ``cap = min(retry_max, retry_initial × 2^attempts)``."""
         cap = min(self._notify.retry_max, self._notify.retry_initial * 2 ** min(attempts, 30))
         return int(1000 * (cap / 2 + self._rng() * cap / 2))
 
     def outbox_depth(self) -> dict[str, int]:
+        """Queued items per receiver (outbox queue name)."""
         return self._db.outbox_depth()
 
 
