@@ -19,7 +19,6 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -55,6 +54,7 @@ from agent.config_types import (
     ByteSize,
     ConfigModel,
     Duration,
+    check_url,
     format_duration,
     parse_duration,
     parse_size,
@@ -111,14 +111,7 @@ class TargetConfig(ConfigModel):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not a URL: {v!r} (expected http://host:port/metrics)")
-        try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError as exc:
-            raise ValueError(f"not a URL: {v!r} (bad port)") from exc
-        return v
+        return check_url(v)
 
     @field_validator("labels")
     @classmethod

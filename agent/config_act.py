@@ -29,6 +29,7 @@ __all__ = [
     "ScaleWebhookConfig",
     "ScalingConfig",
     "ScalingServiceConfig",
+    "SignedWebhookConfig",
     "SlackReceiverConfig",
     "WebhookReceiverConfig",
     "default_actions",
@@ -113,14 +114,13 @@ class AlertmanagerReceiverConfig(ConfigModel):
         return [check_url(u) for u in v]
 
 
-class WebhookReceiverConfig(ConfigModel):
-    """Alertmanager's version-4 webhook JSON, optionally HMAC-SHA256 signed."""
+class SignedWebhookConfig(ConfigModel):
+    """An HTTP endpoint the agent POSTs signed JSON to (webhook receivers, scale requests)."""
 
     url: str
-    secret: SecretStr | None = None  # secret_file / secret_env: signs timestamp + body
+    secret: SecretStr | None = None  # secret_file / secret_env: HMAC-SHA256 over timestamp + body
     timeout: Duration = 10.0
     verify_tls: bool = True
-    max_alerts: int = Field(default=0, ge=0)  # 0 = all, like Alertmanager's webhook_config
 
     @model_validator(mode="before")
     @classmethod
@@ -131,6 +131,12 @@ class WebhookReceiverConfig(ConfigModel):
     @classmethod
     def _url(cls, v: str) -> str:
         return check_url(v)
+
+
+class WebhookReceiverConfig(SignedWebhookConfig):
+    """Alertmanager's version-4 webhook JSON, optionally HMAC-SHA256 signed."""
+
+    max_alerts: int = Field(default=0, ge=0)  # 0 = all, like Alertmanager's webhook_config
 
 
 class ReceiverConfig(ConfigModel):
@@ -204,21 +210,8 @@ class NotifyConfig(ConfigModel):
     dispatch_interval: Duration = 1.0
 
 
-class ScaleWebhookConfig(ConfigModel):
-    url: str
-    secret: SecretStr | None = None  # secret_file / secret_env
-    timeout: Duration = 10.0
-    verify_tls: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "secret", info) if isinstance(data, dict) else data
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        return check_url(v)
+class ScaleWebhookConfig(SignedWebhookConfig):
+    """Where scale requests go (the simulator's ``POST /scale`` is one)."""
 
 
 class ScalingServiceConfig(_Matching):

@@ -110,7 +110,7 @@ def check_url(v: str) -> str:
     """An http(s) URL with a host and a valid port, else ValueError saying why."""
     parts = urlsplit(v)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {v!r}")
+        raise ValueError(f"not a URL: {v!r} (expected http(s)://host[:port]/path)")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
