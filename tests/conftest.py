@@ -28,10 +28,12 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
     """cli.main() binds structlog to the test's captured stderr; restore logging after each test."""
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     yield
     structlog.configure(**saved)
-    logging.getLogger().handlers[:] = handlers
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from agent.cli import main
 from agent.state import StateDB
@@ -22,17 +19,6 @@ from .conftest import REPO
 T0 = 1_700_000_000_000
 MIN = 60_000
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The commands configure logging for the process (warnings to stderr); undo it for later tests."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    structlog.configure(**saved)
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from agent.cli import main
 
@@ -24,14 +21,6 @@ NCCL = FIXTURES / "nccl"
 FAKE = REPO / "tests" / "fake_all_reduce_perf.py"
 PY = shlex.quote(sys.executable)
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() points structlog at this test's captured stderr; put the previous set-up back after it."""
-    saved, handlers = structlog.get_config(), logging.getLogger().handlers[:]
-    yield
-    structlog.configure(**saved)
-    logging.getLogger().handlers[:] = handlers
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
