@@ -202,3 +202,56 @@ async def test_jobs_run_on_the_event_loop_thread(fleet: Fleet, tmp_path: Path) -
         assert threads == {threading.get_ident()}
     finally:
         await agent.stop()
+
+
+async def test_incidents_silences_and_act_metrics_are_served(fleet: Fleet, tmp_path: Path) -> None:
+    """An alert becomes an incident with its console notification; silences can be added, listed and
+    expired over the API; /metrics shows notifications sent, outbox depth and silences."""
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n"
+                     "      - alert: AlwaysOn\n        expr: vector(1)\n        labels: {severity: info}\n"
+                     "        annotations: {summary: always}\n")
+    out = tmp_path / "console.txt"
+    with out.open("w", encoding="utf-8") as stream:
+        agent = Agent(_config(fleet, rules={"files": [str(rules)], "evaluation_interval": "1s"},
+                              state={"path": str(tmp_path / "s.db")},
+                              route={"receiver": "console", "group_wait": "1s", "group_interval": "1s"},
+                              notify={"dispatch_interval": "100ms"}),
+                      nvml_module=FakeNvml().module, hostname="n", notify_stream=stream)
+        await agent.start()
+        base = f"http://127.0.0.1:{agent.port}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                incidents: list[dict[str, object]] = []
+                for _ in range(200):  # firing after the first evaluation, notified after group_wait
+                    async with http.get(f"{base}/api/v1/incidents") as r:
+                        incidents = (await r.json())["data"]["incidents"]
+                    if incidents and any(e["kind"] == "notified" for e in incidents[0]["events"]):  # type: ignore[attr-defined]
+                        break
+                    await asyncio.sleep(0.05)
+                async with http.post(f"{base}/api/v1/silences", json={"matchers": ['alertname="AlwaysOn"'],
+                                                                      "duration": "1h", "comment": "test"}) as r:
+                    assert r.status == 200
+                    silence_id = (await r.json())["data"]["silenceID"]
+                async with http.post(f"{base}/api/v1/silences", json={"matchers": ["nonsense"]}) as r:
+                    bad = (r.status, (await r.json())["error"])
+                async with http.get(f"{base}/api/v1/silences") as r:
+                    listed = (await r.json())["data"]["silences"]
+                async with http.get(f"{base}/metrics") as r:
+                    metrics = await r.text()
+                async with http.delete(f"{base}/api/v1/silences/{silence_id}") as r:
+                    expired = r.status
+                async with http.delete(f"{base}/api/v1/silences/{silence_id}") as r:
+                    again = r.status
+        finally:
+            await agent.stop()
+    assert incidents and incidents[0]["alertname"] == "AlwaysOn"
+    kinds = [e["kind"] for e in incidents[0]["events"]]  # type: ignore[attr-defined]
+    assert kinds[:2] == ["fired", "notified"]
+    assert "[FIRING:1] AlwaysOn" in out.read_text(encoding="utf-8")
+    assert bad[0] == 400 and "matcher" in bad[1]
+    assert [s["id"] for s in listed] == [silence_id]
+    assert 'sre_agent_notifications_sent_total{receiver="console"} 1.0' in metrics
+    assert 'sre_agent_outbox_depth{receiver="console"} 0.0' in metrics
+    assert "sre_agent_silences_active 1.0" in metrics
+    assert (expired, again) == (200, 404)
