@@ -14,6 +14,7 @@ from apscheduler.triggers.cron import CronTrigger
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from agent.config_types import ConfigModel, Duration, check_url, resolve_secret
+from agent.diagnose.interconnects import expected_busbw
 from agent.matchers import Matcher, parse_matchers
 
 __all__ = [
@@ -263,6 +264,16 @@ class NcclDiagnosisConfig(ConfigModel):
     cooldown: Duration = 3600.0
     interconnect: str = ""  # a key of the expected-bandwidth table; empty: guess from GPU count
     expected_gbps: float | None = None  # overrides the table
+
+    @field_validator("interconnect")
+    @classmethod
+    def _interconnect(cls, v: str) -> str:
+        if v:
+            try:
+                expected_busbw(v)  # the published-bandwidth table (pure data, no agent imports)
+            except KeyError as exc:
+                raise ValueError(str(exc.args[0])) from exc
+        return v
 
     @field_validator("schedule")
     @classmethod

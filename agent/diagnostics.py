@@ -5,14 +5,17 @@ run inside the agent and where their findings go (the alert's receivers, in the 
 thread of its message, and the incident log):
 
 * **a tailed log file shows OOM evidence** (``diagnostics.oom.log_files``): the new
-  lines, with the engine's start-up line seen earlier in that file, go through
+  lines, after the engine's start-up lines seen earlier in that file (the API server's
+  arguments, the engine's config line, the memory profile: they hold the
+  ``--gpu-memory-utilization``, model and parallelism the advice depends on), go through
   :func:`~agent.diagnose.oom.diagnose_oom`;
 * **a target goes down after its GPU memory was near full**: the last 5 minutes of
   ``DCGM_FI_DEV_FB_USED`` / ``FB_FREE`` on the target's host peaked above
   ``diagnostics.oom.gpu_memory_near_full`` — the runtime OOM signature, even with no
   log line to read;
 * **an alert routed to a ``diagnose`` action fires**: GPU memory alerts get the memory
-  picture and the planner's advice; the alerts in ``diagnostics.nccl.on_alerts``
+  picture of the GPU the alert names (its ``Hostname`` and ``UUID``/``gpu`` labels) and
+  the runtime-OOM advice; the alerts in ``diagnostics.nccl.on_alerts``
   (throughput far below expectation) start an nccl-tests run, at most once per
   ``diagnostics.nccl.cooldown``;
 * **the nccl schedule** (a cron expression) runs nccl-tests regularly; the last
@@ -25,6 +28,7 @@ line, or a target that flaps, does not flood a channel.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
@@ -39,7 +43,7 @@ from agent.diagnose import nccl
 from agent.diagnose.findings import Finding, runbook_url
 from agent.diagnose.logtail import LogTailer
 from agent.diagnose.nccl_run import command_from_config, run_nccl
-from agent.diagnose.oom import OomContext, context_from_store, diagnose_oom, planner_suggestion
+from agent.diagnose.oom import STEP, OomContext, context_from_store, diagnose_oom
 from agent.errors import DiagnosisError
 from agent.notification import AlertSnapshot
 from agent.store import Store
@@ -51,11 +55,28 @@ log = structlog.get_logger(__name__)
 Post = Callable[[Finding, AlertSnapshot | None], None]
 _DEDUP_MS = 10 * 60_000
 _DOWN_LOOKBACK_MS = 5 * 60_000
-_ENGINE_LINE = "with config:"  # vLLM's "Initializing a V1 LLM engine (...) with config: model=..., ..."
+#: Start-up lines that describe the engine a later OOM happens in, in the order vLLM prints
+#: them: the API server's arguments (``--gpu-memory-utilization``, ``--max-num-seqs``, ...), the
+#: engine's config line (model, ``max_seq_len``, tensor parallelism, quantization), the memory
+#: profile (total GPU memory, utilization). The last of each kind per file is kept; a kind seen
+#: again starts a new run, so the kinds after it (from the previous run) are dropped.
+_CONTEXT_MARKERS: tuple[tuple[str, ...], ...] = (
+    ("non-default args:", "args: Namespace("),  # V1 log_non_default_args / V0 api_server
+    ("with config:",),  # "Initializing a V1 LLM engine (v0.12.0) with config: model=..., ..."
+    ("Memory profiling results:", "the current vLLM instance can use total_gpu_memory"),
+)
+_CONTEXT_BYTES = tuple(m.encode() for markers in _CONTEXT_MARKERS for m in markers)
+#: Of a log that exists at start-up, the tail read for its start-up lines: vLLM's stats line
+#: every 10 s is ~2 MB a day, so this reaches back about a month.
+_PRIME_BYTES = 64 << 20
 _GPU_MEMORY_ALERTS = ("GPUMemoryNearFull",)
 
 
 class Diagnostics:
+    """The daemon's diagnostic triggers (see the module docstring). Findings go to ``post``
+    (the act layer's :meth:`~agent.act.ActLayer.post_finding`); ``clock`` and the nccl-tests
+    ``runner`` (:func:`~agent.diagnose.nccl_run.run_nccl`'s signature) are injectable."""
+
     def __init__(self, config: Config, store: Store, post: Post, *, clock: Callable[[], float] = time.time,
                  runner: Callable[..., Any] = run_nccl) -> None:
         self._cfg = config.diagnostics
@@ -65,18 +86,21 @@ class Diagnostics:
         self._runner = runner
         oom = self._cfg.oom
         self._tailer = LogTailer(oom.log_files) if oom.enabled and oom.log_files else None
-        self._engine_line: dict[str, str] = {}
+        self._context: dict[str, dict[int, str]] = {}  # path -> context kind -> last line of that kind
+        for path in self._tailer.followed if self._tailer is not None else []:
+            self._prime_context(path)
         self._health: dict[str, str] = {}
-        self._posted: dict[tuple[str, str, str], int] = {}
+        self._posted: dict[tuple[str, str, str, str], int] = {}
         self.findings_total: dict[str, int] = {}
         self.nccl_last: tuple[nccl.NcclResult, str, int] | None = None
-        self._nccl_last_start_ms = 0
+        self._nccl_last_start_ms: int | None = None
         self._nccl_task: asyncio.Task[tuple[str, list[Finding]]] | None = None
 
     # -- posting -----------------------------------------------------------------------------
     def _emit(self, finding: Finding, alert: AlertSnapshot | None, now_ms: int) -> bool:
         where = alert.fingerprint if alert is not None else ""
-        key = (finding.kind, where, "\n".join(finding.evidence)[:2000])
+        about = ",".join(f"{k}={v}" for k, v in sorted(finding.labels.items()))  # e.g. which log file
+        key = (finding.kind, where, about, "\n".join(finding.evidence)[:2000])
         if now_ms - self._posted.get(key, -_DEDUP_MS - 1) <= _DEDUP_MS:
             return False
         self._posted = {k: t for k, t in self._posted.items() if now_ms - t <= _DEDUP_MS}
@@ -95,19 +119,46 @@ class Diagnostics:
             return []
         new: dict[str, list[str]] = {}
         for path, line in self._tailer.poll():
-            if _ENGINE_LINE in line:
-                self._engine_line[path] = line
             new.setdefault(path, []).append(line)
         now_ms = int(self._clock() * 1000)
         out: list[Finding] = []
         for path, lines in new.items():
-            context = [self._engine_line[path]] if path in self._engine_line else []
+            context = self._take_context(path, lines)
             for found in diagnose_oom([*context, *lines], context=self._local_context(now_ms),
                                       runbook_base=self._cfg.runbook_base_url):
                 f = replace(found, labels={**found.labels, "log_file": path})
                 if self._emit(f, None, now_ms):
                     out.append(f)
         return out
+
+    def _take_context(self, path: str, lines: list[str]) -> list[str]:
+        """The remembered start-up lines of ``path`` that still describe the engine writing
+        ``lines`` (those before the first kind ``lines`` prints again); remembers ``lines``' own."""
+        mem = self._context.setdefault(path, {})
+        kinds = [(k, line) for line in lines if (k := _context_kind(line)) is not None]
+        first = kinds[0][0] if kinds else len(_CONTEXT_MARKERS)
+        context = [mem[k] for k in sorted(mem) if k < first]
+        for k, line in kinds:
+            for later in [j for j in mem if j > k]:
+                del mem[later]
+            mem[k] = line
+        return context
+
+    def _prime_context(self, path: str) -> None:
+        """Remember the start-up lines an existing log already holds: the tailer starts at its end,
+        and an engine started before the agent (or before its restart) printed them there."""
+        try:
+            with open(path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - _PRIME_BYTES))
+                if size > _PRIME_BYTES:
+                    fh.readline()  # the cut first line
+                lines = [raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in fh
+                         if any(m in raw for m in _CONTEXT_BYTES)]
+        except OSError as exc:
+            log.warning("log file unreadable", path=path, error=str(exc))
+            return
+        self._take_context(path, lines)
 
     def _local_context(self, now_ms: int) -> OomContext:
         """GPU memory history of the agent's own host (its NVML poller), no engine config."""
@@ -136,39 +187,50 @@ class Diagnostics:
 
     def _runtime_finding(self, instance: str, ctx: OomContext, used: int, total: int, t_ms: int, *,
                          went_down: bool) -> Finding:
+        # The advice diagnose_oom gives a runtime OOM whose request size is unknown: give STEP of
+        # the GPU back to activations. (The planner's --max-num-seqs, what fits the KV cache at
+        # full length, answers KV-cache pressure; vLLM preallocates the KV cache, so it is not
+        # what runs out here.)
         util = ctx.gpu_memory_utilization or 0.9
-        suggested = planner_suggestion("gpu-oom-runtime", ctx)
-        setting, value = (suggested[0], suggested[1]) if suggested else ("--gpu-memory-utilization",
-                                                                          f"{max(0.5, util - 0.05):.2f}")
-        what = "went down" if went_down else "is close to running out of GPU memory"
+        setting, value = "--gpu-memory-utilization", f"{max(0.5, util - STEP):.2f}"
+        where = instance or "this host"
+        if went_down:
+            summary = (f"{where} went down after GPU memory reached {used / total:.0%}: a runtime CUDA OOM is the "
+                       "likely cause; leave more headroom for activations.")
+        else:
+            summary = (f"GPU memory on {where} reached {used / total:.0%}: the next activation spike ends in a "
+                       "runtime CUDA OOM; leave more headroom for activations.")
         evidence = [f"{instance or 'this host'}: GPU memory peaked at {used / total:.1%} "
                     f"({used / 2**30:.1f} of {total / 2**30:.1f} GiB) at "
                     f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t_ms / 1000))}Z"]
         if went_down:
             evidence.append(f"{instance}: scrape failed right after (target down)")
         return Finding(
-            kind="gpu-oom-runtime", severity="critical" if went_down else "warning",
-            summary=f"{instance or 'A vLLM server'} {what} after GPU memory reached {used / total:.0%}: a runtime "
-                    "CUDA OOM is the likely cause; leave more headroom for activations.",
+            kind="gpu-oom-runtime", severity="critical" if went_down else "warning", summary=summary,
             evidence=evidence, setting=setting, suggested_value=value,
             details={"gpu_memory_used_bytes": used, "gpu_memory_total_bytes": total,
-                     "gpu_memory_utilization": ctx.gpu_memory_utilization, "model": ctx.model},
+                     "gpu_memory_utilization": util,
+                     "gpu_memory_utilization_assumed": ctx.gpu_memory_utilization is None, "model": ctx.model},
             runbook_url=runbook_url("diagnosis-gpu-oom-runtime", self._cfg.runbook_base_url),
             labels={"instance": instance} if instance else {},
         )
 
     # -- alert-triggered (the "diagnose" action) -------------------------------------------------------
     def on_alert(self, alert: AlertSnapshot) -> None:
+        """The ``diagnose`` action: called once when a routed alert starts firing."""
         name = alert.labels.get("alertname", "")
         now_ms = int(self._clock() * 1000)
         if name in self._cfg.nccl.on_alerts:
             self.request_nccl(reason=f"{name} fired", alert=alert)
         elif name in _GPU_MEMORY_ALERTS:
-            instance = alert.labels.get("instance", "")
-            ctx = context_from_store(self._store, instance, now_ms)
+            # The alert is about one GPU: dcgm-exporter (and the agent's NVML poller) name its node in
+            # Hostname and the GPU in UUID/gpu; `instance` is the exporter's address, not the node.
+            lab = alert.labels
+            host = lab.get("Hostname") or lab.get("hostname") or lab.get("instance", "")
+            ctx = context_from_store(self._store, host, now_ms, gpu=lab.get("UUID") or lab.get("gpu") or None)
             if ctx.gpu_memory_history:
                 t_ms, used, total = max(ctx.gpu_memory_history, key=lambda r: r[1] / r[2])
-                self._emit(self._runtime_finding(instance, ctx, used, total, t_ms, went_down=False), alert, now_ms)
+                self._emit(self._runtime_finding(host, ctx, used, total, t_ms, went_down=False), alert, now_ms)
         else:
             log.debug("no diagnosis for this alert", alertname=name)
 
@@ -182,7 +244,8 @@ class Diagnostics:
             return False
         if self._nccl_task is not None and not self._nccl_task.done():
             return False
-        if alert is not None and now_ms - self._nccl_last_start_ms < cfg.cooldown * 1000:
+        last = self._nccl_last_start_ms
+        if alert is not None and last is not None and now_ms - last < cfg.cooldown * 1000:
             log.info("nccl-tests check not run: cooldown", reason=reason, cooldown_s=cfg.cooldown)
             return False
         self._nccl_last_start_ms = now_ms
@@ -198,8 +261,14 @@ class Diagnostics:
         except DiagnosisError as exc:
             text, rc = f"[sre-agent] could not start nccl-tests: {exc}", 127
         result = nccl.parse_nccl(text, exit_code=rc, command=cmd)
-        verdict, findings = nccl.check(result, expected_gbps=cfg.expected_gbps, interconnect=cfg.interconnect or None,
-                                       runbook_base=self._cfg.runbook_base_url)
+        base = self._cfg.runbook_base_url
+        try:
+            verdict, findings = nccl.check(result, expected_gbps=cfg.expected_gbps,
+                                           interconnect=cfg.interconnect or None, runbook_base=base)
+        except DiagnosisError as exc:  # an interconnect name the table lacks: judge as if none were set
+            log.error("diagnostics.nccl.interconnect is not in the expected-bandwidth table; guessing instead",
+                      interconnect=cfg.interconnect, error=str(exc))
+            verdict, findings = nccl.check(result, expected_gbps=cfg.expected_gbps, runbook_base=base)
         now_ms = int(self._clock() * 1000)
         self.nccl_last = (result, verdict, now_ms)
         log.info("nccl-tests check done", verdict=verdict, peak_busbw_gbps=result.peak_busbw_gbps,
@@ -214,6 +283,11 @@ class Diagnostics:
             self._nccl_task.cancel()
         if self._tailer is not None:
             self._tailer.close()
+
+
+def _context_kind(line: str) -> int | None:
+    """The index in :data:`_CONTEXT_MARKERS` of a start-up line, None for any other line."""
+    return next((i for i, markers in enumerate(_CONTEXT_MARKERS) if any(m in line for m in markers)), None)
 
 
 class DiagnosticsCollector(Collector):
