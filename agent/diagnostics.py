@@ -261,14 +261,9 @@ class Diagnostics:
         except DiagnosisError as exc:
             text, rc = f"[sre-agent] could not start nccl-tests: {exc}", 127
         result = nccl.parse_nccl(text, exit_code=rc, command=cmd)
-        base = self._cfg.runbook_base_url
-        try:
-            verdict, findings = nccl.check(result, expected_gbps=cfg.expected_gbps,
-                                           interconnect=cfg.interconnect or None, runbook_base=base)
-        except DiagnosisError as exc:  # an interconnect name the table lacks: judge as if none were set
-            log.error("diagnostics.nccl.interconnect is not in the expected-bandwidth table; guessing instead",
-                      interconnect=cfg.interconnect, error=str(exc))
-            verdict, findings = nccl.check(result, expected_gbps=cfg.expected_gbps, runbook_base=base)
+        # diagnostics.nccl.interconnect was checked against the table when the config loaded
+        verdict, findings = nccl.check(result, expected_gbps=cfg.expected_gbps,
+                                       interconnect=cfg.interconnect or None, runbook_base=self._cfg.runbook_base_url)
         now_ms = int(self._clock() * 1000)
         self.nccl_last = (result, verdict, now_ms)
         log.info("nccl-tests check done", verdict=verdict, peak_busbw_gbps=result.peak_busbw_gbps,

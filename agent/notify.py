@@ -19,58 +19,39 @@ After every rule-group evaluation the daemon hands the group's alerts to
   the diagnostics hook once when the alert starts firing.
 
 Every notification is written to the SQLite outbox before anything is sent and
-leaves it only when the receiver acknowledged (:meth:`Dispatcher.tick` delivers). Each
-receiver has its own FIFO queue, so one that is down delays nobody else; once its head
-is acknowledged the rest of a backlog follows at once. After the n-th failed attempt of
-an item the next waits ``cap/2 + rng × cap/2`` with ``cap = min(retry_max,
-retry_initial × 2^(n-1))`` (exponential, "equal jitter"), or the receiver's
-``Retry-After`` when longer; a rejection (4xx) or a failure older than
-``notify.give_up_after`` moves the item to failed. The notification log is written
-when a notification is queued (the outbox makes "queued" as good as "sent").
+leaves it only when the receiver acknowledged: :meth:`Dispatcher.tick` hands the due
+queues to :class:`~agent.notify_delivery.OutboxDelivery` (one FIFO queue per receiver,
+retries with jittered exponential backoff, ``Retry-After``, giving up). The notification
+log is written when a notification is queued (the outbox makes "queued" as good as "sent").
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import hashlib
 import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from agent.config import ActionConfig, Config, NotifyConfig
+from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding
-from agent.errors import DeliveryError
 from agent.notification import AlertSnapshot, Notification, fingerprint, group_key_hash
+from agent.notify_delivery import DeliveryStats, OutboxDelivery
 from agent.routing import Route, Router, group_for, silenced_by
 from agent.rules import Alert, AlertEvent, AlertState
 from agent.scaling import Scaler
 from agent.sinks import Sink
-from agent.state import NflogEntry, OutboxItem, StateDB
+from agent.state import NflogEntry, StateDB
 
 __all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher"]
 
 log = structlog.get_logger(__name__)
 
 DiagnoseHook = Callable[[AlertSnapshot], None]
-_SEND_TIMEOUT_FLOOR_S = 30.0  # a sink has its own timeouts; this guards against one that hangs anyway
-
-
-@dataclass
-class DeliveryStats:
-    """Per-receiver outcome counters for the agent's /metrics."""
-
-    sent: dict[str, int] = field(default_factory=dict)
-    failed: dict[str, int] = field(default_factory=dict)
-    retried: dict[str, int] = field(default_factory=dict)
-
-    def bump(self, which: dict[str, int], receiver: str) -> None:
-        which[receiver] = which.get(receiver, 0) + 1
 
 
 @dataclass
@@ -103,14 +84,14 @@ class Dispatcher:
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._config = config
-        self._notify: NotifyConfig = config.notify
         self._db = db
         self._router = router
-        self.sinks = dict(sinks)
         self._scaler = scaler
         self._diagnose = diagnose
         self._clock = clock
-        self._rng = rng
+        self._delivery = OutboxDelivery(db, sinks, config.notify, scaler=scaler, clock=clock, rng=rng)
+        self.sinks = self._delivery.sinks  # one dict: the delivery sends through what callers see here
+        self.stats = self._delivery.stats
         self._kinds = {r.name: r.kind for r in config.receivers}
         self._am_urls = {r.name: r.alertmanager.urls for r in config.receivers if r.alertmanager is not None}
         self._am_resend_s = {r.name: r.alertmanager.resend_delay for r in config.receivers
@@ -119,9 +100,6 @@ class Dispatcher:
         self._groups: dict[tuple[str, str], _AggGroup] = {}
         self._am_last_sent: dict[tuple[str, str], int] = {}  # (receiver, fingerprint) -> ms
         self._am_resolved_sent: set[tuple[str, str]] = set()
-        self._in_flight: dict[str, asyncio.Task[None]] = {}  # outbox receiver -> its delivery task
-        self._sending: dict[str, int] = {}  # outbox receiver -> id of the item being sent now
-        self.stats = DeliveryStats()
 
     def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
         self._diagnose = hook
@@ -263,7 +241,7 @@ class Dispatcher:
         after an outage the Alertmanager gets each alert's latest state once, not a
         backlog of stale ``endsAt`` values that would flap it."""
         for item in reversed(self._db.pending(queue)):
-            if self._sending.get(queue) == item.id:
+            if self._delivery.sending(queue) == item.id:
                 break
             old = item.notification()
             merged = {a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}
@@ -340,109 +318,20 @@ class Dispatcher:
                 queued += int(self._db.enqueue(n, now_ms=now_ms))
         return queued
 
-    # -- delivery ---------------------------------------------------------------------------------------
+    # -- delivery (agent.notify_delivery) -------------------------------------------------------------
     async def tick(self) -> None:
         """One dispatch round: flush due groups, start delivering each queue whose head is due."""
         now_ms = int(self._clock() * 1000)
         self.flush_due(now_ms)
-        for item in self._db.due(now_ms):
-            if item.receiver in self._in_flight:
-                continue
-            task = asyncio.create_task(self._run_queue(item), name=f"deliver {item.receiver}")
-            self._in_flight[item.receiver] = task
-            task.add_done_callback(functools.partial(self._done, item.receiver))
-
-    async def _run_queue(self, item: OutboxItem | None) -> None:
-        """Deliver one receiver's queue in order while its head is due and acknowledged, so a
-        backlog left by an outage goes out in one go; stop at the first failure (its backoff)."""
-        while item is not None:
-            self._sending[item.receiver] = item.id
-            try:
-                delivered = await self._deliver(item)
-            finally:
-                self._sending.pop(item.receiver, None)
-            if not delivered:
-                return
-            now_ms = int(self._clock() * 1000)
-            item = next((i for i in self._db.due(now_ms) if i.receiver == item.receiver), None)
-
-    def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
-        self._in_flight.pop(receiver, None)
-        if not task.cancelled() and task.exception() is not None:  # the state database failed: log, go on
-            log.error("delivery task failed", receiver=receiver, error=repr(task.exception()))
+        await self._delivery.start_due(now_ms)
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait for deliveries in flight (shutdown, tests)."""
-        tasks = list(self._in_flight.values())
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s)
-
-    async def _deliver(self, item: OutboxItem) -> bool:
-        """One attempt at one item; True if the receiver acknowledged it."""
-        now_ms = int(self._clock() * 1000)
-        bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
-        sink = self.sinks.get(item.receiver)
-        if sink is None:
-            self._db.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
-            self.stats.bump(self.stats.failed, item.receiver)
-            bound.warning("notification dropped: receiver no longer configured")
-            return False
-        n = item.notification()
-        wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
-        self._db.begin_attempt(item.id, next_attempt_ms=now_ms + wait_ms)
-        try:
-            reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
-        except (DeliveryError, TimeoutError) as exc:
-            self._failed(item, n, exc, bound, wait_ms)
-            return False
-        except Exception as exc:  # a sink bug must not kill the dispatcher; treat as retryable
-            bound.exception("sink raised an unexpected error")
-            self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound, wait_ms)
-            return False
-        done_ms = int(self._clock() * 1000)
-        with self._db.transaction():
-            self._db.ack(item.id, now_ms=done_ms)
-            for a in n.alerts:
-                self._db.add_incident_event(a.fingerprint, at_ms=done_ms, kind="notified",
-                                            detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
-        if n.kind == "scale" and self._scaler is not None:
-            self._scaler.on_ack(n, reply)
-        self.stats.bump(self.stats.sent, item.receiver)
-        bound.info("notification delivered", kind=n.kind, status=n.status, alerts=len(n.alerts))
-        return True
-
-    def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
-        now_ms = int(self._clock() * 1000)
-        permanent = isinstance(exc, DeliveryError) and exc.permanent
-        too_old = now_ms - item.created_ms > self._notify.give_up_after * 1000
-        error = str(exc) or type(exc).__name__
-        if permanent or too_old:
-            with self._db.transaction():
-                self._db.fail(item.id, error=error, now_ms=now_ms)
-                for a in n.alerts:
-                    self._db.add_incident_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
-                                                detail={"receiver": item.receiver, "error": error})
-            self.stats.bump(self.stats.failed, item.receiver)
-            bound.error("notification failed for good", error=error,
-                        reason="rejected by receiver" if permanent else "gave up after notify.give_up_after")
-            return
-        delay = wait_ms
-        hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
-        if hint is not None:
-            delay = max(delay, int(hint * 1000))
-        self._db.retry(item.id, next_attempt_ms=now_ms + delay, error=error)
-        self.stats.bump(self.stats.retried, item.receiver)
-        bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))
-
-    def _backoff_ms(self, attempts: int) -> int:
-        """The wait after the (``attempts`` + 1)-th failed attempt: exponential backoff with "equal
-        jitter" (half fixed, half random), ``cap = min(retry_max, retry_initial × 2^attempts)``."""
-        cap = min(self._notify.retry_max, self._notify.retry_initial * 2 ** min(attempts, 30))
-        return int(1000 * (cap / 2 + self._rng() * cap / 2))
+        await self._delivery.drain(timeout_s)
 
     def outbox_depth(self) -> dict[str, int]:
         """Queued items per receiver (outbox queue name)."""
-        return self._db.outbox_depth()
+        return self._delivery.outbox_depth()
 
 
 def _needs_update(entry: NflogEntry | None, firing: frozenset[str], resolved: frozenset[str], *,

@@ -14,6 +14,9 @@ file while the daemon runs. Every method joins an open :meth:`StateDB.transactio
 otherwise commits on its own. One lock serialises threads; never ``await`` inside a
 transaction (coroutines on one thread would join it). Every SQLite error becomes a
 :class:`~agent.errors.StateError` naming the file and the operation.
+
+The records the methods return and the table schema are in :mod:`agent.state_records`;
+they are re-exported here, so ``from agent.state import Silence`` keeps working.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,17 @@ import structlog
 from agent.errors import StateError
 from agent.matchers import parse_matcher
 from agent.notification import Notification
+from agent.state_records import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    Incident,
+    IncidentEvent,
+    NflogEntry,
+    OutboxItem,
+    ScaleState,
+    Silence,
+    iso_ms,
+)
 
 __all__ = [
     "DELIVERED_KEEP_MS", "SCHEMA_VERSION", "Incident", "IncidentEvent", "NflogEntry", "OutboxItem",
@@ -43,150 +55,11 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION = 1
 DELIVERED_KEEP_MS = 24 * 3600 * 1000  # delivered keys are refused by enqueue at least this long
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, receiver TEXT NOT NULL,
-  key TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, payload TEXT NOT NULL, created_ms INTEGER NOT NULL,
-  next_attempt_ms INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT NOT NULL DEFAULT '');
-CREATE INDEX IF NOT EXISTS outbox_receiver ON outbox (receiver, id);
-CREATE TABLE IF NOT EXISTS outbox_failed (id INTEGER PRIMARY KEY, receiver TEXT NOT NULL, key TEXT NOT NULL,
-  kind TEXT NOT NULL, payload TEXT NOT NULL, created_ms INTEGER NOT NULL, failed_ms INTEGER NOT NULL,
-  attempts INTEGER NOT NULL, error TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS delivered (key TEXT PRIMARY KEY, receiver TEXT NOT NULL, delivered_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS rule_alerts (rule_key TEXT NOT NULL, idx INTEGER NOT NULL, alert TEXT NOT NULL,
-  PRIMARY KEY (rule_key, idx));
-CREATE TABLE IF NOT EXISTS rule_eval (rule_key TEXT PRIMARY KEY, eval_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS nflog (receiver TEXT NOT NULL, group_key TEXT NOT NULL, firing TEXT NOT NULL,
-  resolved TEXT NOT NULL, sent_ms INTEGER NOT NULL, PRIMARY KEY (receiver, group_key));
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS refs (receiver TEXT NOT NULL, group_key TEXT NOT NULL, channel TEXT NOT NULL,
-  ts TEXT NOT NULL, PRIMARY KEY (receiver, group_key));
-CREATE TABLE IF NOT EXISTS scale (service TEXT PRIMARY KEY, replicas INTEGER NOT NULL, desired INTEGER NOT NULL,
-  last_out_ms INTEGER NOT NULL, last_in_ms INTEGER NOT NULL, last_unhealthy_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, matchers TEXT NOT NULL, starts_ms INTEGER NOT NULL,
-  ends_ms INTEGER NOT NULL, created_by TEXT NOT NULL, comment TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS incidents (id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT NOT NULL,
-  alertname TEXT NOT NULL, labels TEXT NOT NULL, severity TEXT NOT NULL, summary TEXT NOT NULL,
-  started_ms INTEGER NOT NULL, resolved_ms INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS incidents_fp ON incidents (fingerprint, resolved_ms);
-CREATE TABLE IF NOT EXISTS incident_events (id INTEGER PRIMARY KEY AUTOINCREMENT,
-  incident_id INTEGER NOT NULL REFERENCES incidents (id) ON DELETE CASCADE,
-  at_ms INTEGER NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS incident_events_inc ON incident_events (incident_id, at_ms);
-"""
-
-
-def iso_ms(ms: int) -> str:
-    """Unix ms -> RFC 3339 UTC with milliseconds, as Alertmanager writes times."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
-
-
-@dataclass(frozen=True)
-class OutboxItem:
-    id: int
-    receiver: str
-    key: str
-    kind: str
-    payload: str  # Notification.to_json()
-    created_ms: int
-    next_attempt_ms: int
-    attempts: int
-    last_error: str
-
-    def notification(self) -> Notification:
-        return Notification.from_json(self.payload)
-
-
-@dataclass(frozen=True)
-class Silence:
-    id: str
-    matchers: list[str]  # canonical Alertmanager syntax: name="value", name=~"regex"
-    starts_ms: int
-    ends_ms: int
-    created_by: str
-    comment: str
-
-    def active(self, now_ms: int) -> bool:
-        return self.starts_ms <= now_ms < self.ends_ms
-
-    def state(self, now_ms: int) -> str:
-        """``pending`` (not started), ``active`` or ``expired`` — Alertmanager's silence states."""
-        return "pending" if now_ms < self.starts_ms else "active" if now_ms < self.ends_ms else "expired"
-
-    def to_json(self, now_ms: int | None = None) -> dict[str, Any]:
-        """Alertmanager API v2 ``GettableSilence`` shape; ``now_ms`` (default: the wall clock) sets the state."""
-        now = int(datetime.now(UTC).timestamp() * 1000) if now_ms is None else now_ms
-        ms = [parse_matcher(t) for t in self.matchers]
-        return {
-            "id": self.id, "createdBy": self.created_by, "comment": self.comment,
-            "startsAt": iso_ms(self.starts_ms), "endsAt": iso_ms(self.ends_ms), "status": {"state": self.state(now)},
-            "matchers": [{"name": m.name, "value": m.value, "isRegex": "~" in m.op, "isEqual": "!" not in m.op}
-                         for m in ms],
-        }
-
-
-@dataclass(frozen=True)
-class NflogEntry:
-    """What was last sent to a receiver for an alert group (Alertmanager's nflog): fingerprints."""
-
-    firing: frozenset[str]
-    resolved: frozenset[str]
-    sent_ms: int
-
-
-@dataclass(frozen=True)
-class ScaleState:
-    service: str
-    replicas: int
-    desired: int
-    last_out_ms: int
-    last_in_ms: int
-    last_unhealthy_ms: int
-
-
-@dataclass(frozen=True)
-class IncidentEvent:
-    """One line of an incident's timeline. ``detail`` by ``kind`` (what ``sre-agent incidents`` renders):
-
-    * ``fired``: ``{"value"}``; ``resolved``: ``{}``
-    * ``notified``: ``{"receiver", "status"}``; ``notify_failed``: ``{"receiver", "error"}``
-    * ``action``: ``{"action": "scale_out"|"scale_in"|..., "service", "from_replicas", "to_replicas",
-      "dry_run", "refused", "reason"}`` (a refusal: ``refused: true`` and the reason, e.g. the cooldown)
-    * ``finding``: ``{"kind", "summary", "setting", "suggested_value", "runbook_url"}``
-    """
-
-    at_ms: int
-    kind: str  # fired | resolved | notified | notify_failed | action | finding
-    detail: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Incident:
-    id: int
-    fingerprint: str
-    alertname: str
-    labels: dict[str, str]
-    severity: str
-    summary: str
-    started_ms: int
-    resolved_ms: int  # 0 while open
-    events: list[IncidentEvent]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "fingerprint": self.fingerprint, "alertname": self.alertname, "labels": self.labels,
-            "severity": self.severity, "summary": self.summary, "status": "resolved" if self.resolved_ms else "open",
-            "startsAt": iso_ms(self.started_ms), "endsAt": iso_ms(self.resolved_ms) if self.resolved_ms else None,
-            "started_ms": self.started_ms, "resolved_ms": self.resolved_ms,
-            "events": [{"at": iso_ms(e.at_ms), "at_ms": e.at_ms, "kind": e.kind, "detail": e.detail}
-                       for e in self.events],
-        }
 
 
 class StateDB:
@@ -218,7 +91,7 @@ class StateDB:
                 if version > SCHEMA_VERSION:
                     raise StateError(f"state db {self.path}: schema version {version} is newer than this "
                                      f"sre-agent's ({SCHEMA_VERSION}); upgrade sre-agent")
-                for stmt in _SCHEMA.split(";"):
+                for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         c.execute(stmt)
                 c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

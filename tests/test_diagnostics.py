@@ -21,11 +21,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.config import Config
+from agent.config import Config, load_config
 from agent.daemon import Agent
 from agent.diagnose.findings import Finding
 from agent.diagnose.nccl_run import run_nccl
 from agent.diagnostics import Diagnostics, DiagnosticsCollector
+from agent.errors import ConfigError
 from agent.notification import AlertSnapshot
 from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
@@ -385,19 +386,14 @@ async def test_first_alert_run_is_allowed_with_a_clock_that_starts_near_zero() -
     assert len(ran) == 1
 
 
-async def test_unknown_interconnect_falls_back_to_the_guess() -> None:
-    """A diagnostics.nccl.interconnect missing from the table is judged as if unset, not a crashed task."""
-    text = (REPO / "tests" / "fixtures" / "nccl" / "a100x8_nvswitch_allreduce.txt").read_text()
-
-    async def runner(cmd: list[str], *, timeout_s: float) -> tuple[int, str]:
-        return 0, text
-
-    verdicts = []
-    for interconnect in ("no-such-link", ""):
-        d, _ = _diagnostics(_nccl_config(interconnect=interconnect, expected_gbps=None), runner=runner)
-        verdict, _ = await d.run_nccl_now(reason="test")
-        verdicts.append(verdict)
-    assert verdicts[0] == verdicts[1]
+def test_unknown_interconnect_is_refused_at_start_up(tmp_path: Path) -> None:
+    """A diagnostics.nccl.interconnect missing from the bandwidth table is a config error naming the known keys."""
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("diagnostics: {nccl: {enabled: true, interconnect: no-such-link}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    assert "diagnostics.nccl.interconnect: unknown interconnect 'no-such-link'" in str(err.value)
+    assert "a100-nvswitch" in str(err.value)
 
 
 # ---- DiagnosticsCollector ----------------------------------------------------------------------------

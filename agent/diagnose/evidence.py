@@ -1,4 +1,4 @@
-"""OOM evidence in text: the line patterns, what each one says, and NVIDIA's XID table.
+"""OOM evidence in text: the line patterns and what each one says.
 
 Why a module of its own: the verdict (:mod:`agent.diagnose.oom`) reasons about *facts*
 ("PyTorch could not allocate 270 MiB on GPU 1 while serving"), and the facts come from many
@@ -12,6 +12,9 @@ XID lines. Each pattern is written from the emitting program's own source or fro
 PyTorch OOM happened in (loading weights, profiling, serving), whether a bare ``Killed
 process`` line belongs to a memory cgroup, which container a ``kubectl describe`` reason
 belongs to. :func:`parse_evidence` is the one-call form and also accepts a pod's JSON.
+Kubernetes' own forms (pod JSON, ``kubectl describe``) are read by
+:mod:`agent.diagnose.k8s_evidence`, and what an XID code means is in :mod:`agent.diagnose.xid`;
+both are re-exported here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from agent.diagnose.k8s_evidence import DescribeReader, is_pod, parse_quantity, pod_oom_kills
+from agent.diagnose.xid import XID_TABLE, XidInfo, xid_info
 
 __all__ = ["XID_TABLE", "EngineConfig", "EvidenceScanner", "Match", "XidInfo", "parse_evidence", "parse_quantity",
            "size_bytes", "xid_info"]
@@ -32,20 +38,6 @@ _SZ = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB|TiB)"  # PyTorch's format_size()
 def size_bytes(number: str, unit: str) -> int:
     """``("21.98", "GiB")`` -> bytes (PyTorch prints binary units)."""
     return round(float(number) * _UNITS[unit])
-
-
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?$")
-_QUANTITY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 1e-3,
-                    "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-
-
-def parse_quantity(text: str) -> int | None:
-    """A Kubernetes resource quantity (``32Gi``, ``512M``, ``1e9``, ``134217728``) in bytes."""
-    m = _QUANTITY.match(text.strip())
-    if m is None:
-        return None
-    value = float(m[1]) * (10 ** int(m[2][1:]) if m[2] else _QUANTITY_SUFFIX.get(m[3] or "", 1))
-    return round(value)
 
 
 @dataclass(frozen=True)
@@ -77,48 +69,6 @@ class EngineConfig:
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
     cpu_blocks: int | None = None
-
-
-# -- NVIDIA XIDs ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class XidInfo:
-    code: int
-    meaning: str
-    hardware: bool  # True: the GPU, its memory, firmware or interconnect; False: the application/driver
-    action: str
-
-
-#: Common XIDs, from NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) and its resolution
-#: buckets. 48/63/64/74/79/92/94/95 are also rules/gpu.rules.yaml's GPUHardwareXIDError set.
-XID_TABLE: dict[int, XidInfo] = {x.code: x for x in (
-    XidInfo(8, "GPU stopped processing (channel idle timeout)", False, "restart the application"),
-    XidInfo(13, "graphics engine exception", False, "restart the application; suspect a kernel bug"),
-    XidInfo(31, "GPU memory page fault (illegal address)", False, "restart the application; suspect a kernel bug"),
-    XidInfo(43, "GPU stopped processing (faulting channel reset)", False, "restart the application"),
-    XidInfo(45, "preemptive cleanup after an earlier error", False, "look at the XID logged before it"),
-    XidInfo(48, "double-bit ECC error", True, "drain the node, reset the GPU; RMA if it repeats"),
-    XidInfo(61, "internal micro-controller breakpoint/warning", True, "drain the node and reset the GPU"),
-    XidInfo(62, "internal micro-controller halt", True, "drain the node and reset the GPU (reboot if that fails)"),
-    XidInfo(63, "ECC page retirement / row-remapping event", True,
-            "restart the application; reset the GPU at the next drain to apply the remap"),
-    XidInfo(64, "ECC page retirement / row-remapping failure", True, "drain the node, reset the GPU, RMA it"),
-    XidInfo(68, "video processor (NVDEC) exception", False, "restart the application"),
-    XidInfo(69, "graphics engine class error", True, "drain the node and reset the GPU"),
-    XidInfo(74, "NVLink error", True, "drain the node, reset the GPU; reseat/replace the NVLink bridge if it repeats"),
-    XidInfo(79, "GPU has fallen off the bus", True, "drain and reboot the node; check power/PCIe; RMA if it repeats"),
-    XidInfo(92, "high single-bit ECC error rate", True, "drain the node, reset the GPU; RMA if it persists"),
-    XidInfo(94, "contained ECC error", True, "restart the application; reset the GPU at the next drain"),
-    XidInfo(95, "uncontained ECC error", True, "drain the node and reset the GPU now"),
-    XidInfo(119, "GSP RPC timeout", True, "drain the node and reset the GPU; update the driver if it repeats"),
-    XidInfo(120, "GSP error", True, "drain the node and reset the GPU; update the driver if it repeats"),
-    XidInfo(140, "unrecovered ECC error", True, "drain the node and reset the GPU"),
-)}
-
-
-def xid_info(code: int) -> XidInfo:
-    """The table entry, or an application-side placeholder for an XID the table lacks."""
-    return XID_TABLE.get(code) or XidInfo(code, "XID not in the agent's table (see NVIDIA's Xid catalog)", False,
-                                          "look it up in NVIDIA's Xid catalog")
 
 
 # -- patterns ----------------------------------------------------------------------------------
@@ -214,12 +164,7 @@ class EvidenceScanner:
         self._lineno = 0
         self._phase = "unknown"
         self._kernel_scope = ""  # "memcg" or "host", from the last OOM-killer context line
-        self._pod: dict[str, str] = {}
-        self._container = ""
-        self._terminated = False
-        self._in_limits = False
-        self._k8s: dict[str, dict[str, Any]] = {}  # container -> facts from `kubectl describe`
-        self._k8s_lines: list[tuple[str, str, int]] = []
+        self._kubectl = DescribeReader()
 
     # -- per line ------------------------------------------------------------------------------
     def feed(self, raw: str) -> None:
@@ -235,7 +180,7 @@ class EvidenceScanner:
         if "model_executor/models/" in line and _MODEL_INIT.search(line):
             self._phase = "loading"
         if line[0] in " \tN":  # `kubectl describe` lines are indented, or Name:/Namespace:
-            self._describe(line)
+            self._kubectl.feed(line, self._lineno)
         if any(hint in line for hint in _EVIDENCE_HINTS) and not (
                 self._torch(line) or self._vllm(line) or self._kernel(line) or self._xid(line)):
             self._engine_line(line)
@@ -340,33 +285,6 @@ class EvidenceScanner:
             if (v := _num(_cfg_value(text, key))) is not None:
                 setattr(self.engine, attr, v if attr in ("gpu_memory_utilization", "swap_space_gib") else int(v))
 
-    def _describe(self, line: str) -> None:
-        """``kubectl describe pod``: container blocks with State/Last State, Restart Count, Limits."""
-        if m := re.match(r"(Name|Namespace):\s+(\S+)\s*$", line):
-            self._pod.setdefault(m[1].lower(), m[2])
-        elif m := re.match(r"  ([\w.-]+):\s*$", line):
-            self._container, self._terminated, self._in_limits = m[1], False, False
-        elif m := re.match(r"\s+(?:Last )?State:\s+(\w+)", line):
-            self._terminated, self._in_limits = m[1] == "Terminated", False
-        elif self._terminated and (m := re.match(r"\s+Reason:\s+(\S+)", line)):
-            self._record(line, reason=m[1])
-        elif self._terminated and (m := re.match(r"\s+Exit Code:\s+(\d+)", line)):
-            self._record(line, exit_code=int(m[1]))
-        elif m := re.match(r"\s+Restart Count:\s+(\d+)", line):
-            self._k8s.setdefault(self._container, {})["restart_count"] = int(m[1])
-        elif re.match(r"\s+Limits:\s*$", line):
-            self._in_limits = True
-        elif self._in_limits and (m := re.match(r"\s+memory:\s+(\S+)", line)):
-            self._k8s.setdefault(self._container, {})["limit_bytes"] = parse_quantity(m[1])
-        elif re.match(r"\s+[A-Z][\w ]*:", line):
-            self._in_limits = False
-
-    def _record(self, line: str, **facts: Any) -> None:
-        rec = self._k8s.setdefault(self._container, {})
-        if facts.get("reason") == "OOMKilled" or facts.get("exit_code") == 137:
-            self._k8s_lines.append((self._container, line, self._lineno))
-        rec.update(facts)
-
     def skip(self, n: int) -> None:
         """Count ``n`` lines consumed elsewhere (a JSON document), keeping line numbers right."""
         self._lineno += n
@@ -374,44 +292,8 @@ class EvidenceScanner:
     # -- results -------------------------------------------------------------------------------
     def finish(self) -> list[Match]:
         out = list(self._matches)
-        for container, line, lineno in self._k8s_lines:
-            rec = self._k8s.get(container, {})
-            out.append(Match("k8s-oom", line, lineno, {
-                "pod": self._pod.get("name", ""), "namespace": self._pod.get("namespace", ""),
-                "container": container, "reason": rec.get("reason", ""), "exit_code": rec.get("exit_code"),
-                "restart_count": rec.get("restart_count"), "limit_bytes": rec.get("limit_bytes")}))
+        out.extend(Match("k8s-oom", line, lineno, values) for line, lineno, values in self._kubectl.oom_kills())
         return sorted(out, key=lambda m: m.lineno)
-
-
-def _pod_json(doc: dict[str, Any], lineno: int) -> list[Match]:
-    """OOM terminations in a ``kubectl get pod -o json`` Pod or List of Pods."""
-    pods = doc.get("items", []) if doc.get("kind") == "List" or "items" in doc else [doc]
-    out: list[Match] = []
-    for pod in pods:
-        meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
-        limits = {c.get("name", ""): ((c.get("resources") or {}).get("limits") or {}).get("memory")
-                  for c in spec.get("containers", []) + spec.get("initContainers", [])}
-        for cs in status.get("containerStatuses", []) + status.get("initContainerStatuses", []):
-            for where in ("state", "lastState"):
-                term = (cs.get(where) or {}).get("terminated") or {}
-                if term.get("reason") != "OOMKilled" and term.get("exitCode") != 137:
-                    continue
-                name = cs.get("name", "")
-                line = (f"pod {meta.get('namespace', '')}/{meta.get('name', '')} container {name}: {where}.terminated "
-                        f"reason={term.get('reason', '')} exitCode={term.get('exitCode')} "
-                        f"restartCount={cs.get('restartCount', 0)}")
-                limit = limits.get(name)
-                out.append(Match("k8s-oom", line, lineno, {
-                    "pod": meta.get("name", ""), "namespace": meta.get("namespace", ""), "container": name,
-                    "reason": term.get("reason", ""), "exit_code": term.get("exitCode"),
-                    "restart_count": cs.get("restartCount"), "limit_bytes": parse_quantity(limit) if limit else None,
-                    "finished_at": term.get("finishedAt", "")}))
-    return out
-
-
-def _is_pod(doc: object) -> bool:
-    return isinstance(doc, dict) and (doc.get("kind") in ("Pod", "List")
-                                      or "containerStatuses" in doc.get("status", {}))
 
 
 def parse_evidence(lines: Iterable[str] | str) -> tuple[list[Match], EngineConfig]:
@@ -419,7 +301,8 @@ def parse_evidence(lines: Iterable[str] | str) -> tuple[list[Match], EngineConfi
     output may sit anywhere in the input, starting at a line's first column), and the engine
     config the logs describe."""
     text = lines.splitlines() if isinstance(lines, str) else [ln.rstrip("\r\n") for ln in lines]
-    scanner, pods, i = EvidenceScanner(), [], 0
+    scanner, i = EvidenceScanner(), 0
+    pods: list[Match] = []
     while i < len(text):
         line = text[i]
         if line.startswith("{"):
@@ -431,8 +314,8 @@ def parse_evidence(lines: Iterable[str] | str) -> tuple[list[Match], EngineConfi
                     used = "\n".join(text[i:]).count("\n", 0, end) + 1
                 except ValueError:
                     doc, used = None, 1
-            if _is_pod(doc):
-                pods.extend(_pod_json(doc, i + 1))
+            if is_pod(doc):
+                pods.extend(Match("k8s-oom", summary, i + 1, values) for summary, values in pod_oom_kills(doc))
                 scanner.skip(used)
                 i += used
                 continue

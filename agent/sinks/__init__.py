@@ -1,6 +1,7 @@
 """Receivers: one interface, one module per kind (console, Slack, Alertmanager, webhook).
 
-The dispatcher (``agent.notify``) owns retries, ordering and the outbox; a sink only
+The dispatcher (``agent.notify``, delivering through ``agent.notify_delivery``) owns retries,
+ordering and the outbox; a sink only
 turns one :class:`~agent.notification.Notification` into one delivery attempt. It
 returns when the receiver acknowledged, and raises
 :class:`~agent.errors.DeliveryError` otherwise (``permanent=True`` when a retry cannot

@@ -41,26 +41,22 @@ post would duplicate it, so they go back to the dispatcher, whose next attempt c
 Errors become :class:`~agent.errors.DeliveryError`: auth, payload and channel problems
 (``invalid_auth``, ``invalid_blocks``, ``is_archived``, ...) are permanent; rate limits,
 5xx, timeouts, connection errors and unknown error codes are retried. The token and the
-webhook URL (which is itself a secret) are never logged.
+webhook URL (which is itself a secret) are never logged. The rate limiter, the 429 handler
+and the error classification are in :mod:`agent.sinks.slack_api`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import structlog
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
-from slack_sdk.http_retry.request import HttpRequest
-from slack_sdk.http_retry.response import HttpResponse
-from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
@@ -69,6 +65,7 @@ from agent.config import SlackReceiverConfig
 from agent.errors import DeliveryError
 from agent.notification import Notification, group_key_hash
 from agent.sinks import MessageRefs
+from agent.sinks.slack_api import ChannelLimiter, RateLimitRetry, api_error, retry_after, sdk_logger
 from agent.sinks.slack_blocks import alert_blocks, escape, finding_blocks, scale_blocks, truncate
 
 __all__ = [
@@ -95,101 +92,12 @@ RATE_LIMIT_RETRIES = 2  # 429s slack-sdk retries inside one send
 MAX_INLINE_RETRY_AFTER_S = 5.0  # longer waits go back to the dispatcher's backoff
 _LIST_PAGES = 10  # conversations.list pages searched for the channel name
 
-# Slack error codes (https://api.slack.com/methods/chat.postMessage#errors) a retry cannot fix.
-_PERMANENT = frozenset({
-    "invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired", "no_permission",
-    "missing_scope", "not_allowed_token_type", "ekm_access_denied", "invalid_blocks", "invalid_blocks_format",
-    "invalid_arguments", "invalid_arg_name", "invalid_form_data", "invalid_json", "json_not_object",
-    "invalid_metadata_format", "invalid_metadata_schema", "metadata_too_large", "channel_not_found",
-    "not_in_channel", "is_archived", "msg_too_long", "no_text", "too_many_attachments", "restricted_action",
-    "restricted_action_read_only_channel", "restricted_action_thread_only_channel", "team_access_not_granted",
-    "method_deprecated", "deprecated_endpoint", "invalid_charset", "superfluous_charset",
-})
 # chat.update answers that mean "that message is no longer there to update": post anew.
 _UPDATE_GONE = frozenset({"message_not_found", "cant_update_message", "channel_not_found", "edit_window_closed"})
 # Answers to the read calls of the duplicate check that mean "cannot check": warn and post.
 _CANNOT_CHECK = frozenset({"missing_scope", "not_in_channel", "channel_not_found", "not_allowed_token_type",
                            "no_permission"})
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
-
-
-def _retry_after(value: object) -> float | None:
-    """``Retry-After`` in seconds (Slack always sends delay-seconds); None when absent or bad."""
-    if isinstance(value, list):
-        value = value[0] if value else None
-    if not isinstance(value, str):
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-class _RateLimitRetry(AsyncRateLimitErrorRetryHandler):
-    """slack-sdk's 429 handler with two changes: it waits through the sink's injected
-    ``sleep`` for exactly ``Retry-After`` (the library sleeps ``Retry-After`` + up to 1 s
-    of jitter on the real loop), and only when that wait is short."""
-
-    def __init__(self, sleep: Callable[[float], Awaitable[None]], max_retry_count: int, max_wait_s: float) -> None:
-        super().__init__(max_retry_count=max_retry_count)
-        self._sleep = sleep
-        self._max_wait_s = max_wait_s
-
-    async def _can_retry_async(
-        self,
-        *,
-        state: RetryState,
-        request: HttpRequest,
-        response: HttpResponse | None = None,
-        error: Exception | None = None,
-    ) -> bool:
-        if response is None or response.status_code != 429:
-            return False
-        wait = _retry_after(response.headers.get("Retry-After") or response.headers.get("retry-after"))
-        return (1.0 if wait is None else wait) <= self._max_wait_s
-
-    async def prepare_for_next_attempt_async(
-        self,
-        *,
-        state: RetryState,
-        request: HttpRequest,
-        response: HttpResponse | None = None,
-        error: Exception | None = None,
-    ) -> None:
-        headers = response.headers if response is not None else {}
-        wait = _retry_after(headers.get("Retry-After") or headers.get("retry-after"))
-        state.next_attempt_requested = True
-        await self._sleep(1.0 if wait is None else wait)
-        state.increment_current_attempt()
-
-
-class _ChannelLimiter:
-    """Spaces writes to one channel ``1/rate`` seconds apart. A slot is reserved before
-    waiting, so concurrent sends to one channel queue up instead of bursting."""
-
-    def __init__(self, rate: float, clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
-        self._interval = 1.0 / rate
-        self._clock = clock
-        self._sleep = sleep
-        self._next: dict[str, float] = {}
-
-    async def wait(self, channel: str) -> None:
-        now = self._clock()
-        start = max(now, self._next.get(channel, now))
-        self._next[channel] = start + self._interval
-        if start > now:
-            await self._sleep(start - now)
-
-
-def _sdk_logger() -> logging.Logger:
-    """slack-sdk writes request URLs and bodies at DEBUG whenever the logger it is given has
-    its own level at DEBUG or unset — and an incoming webhook's URL is its secret. It gets
-    a logger of ours held at INFO, so those lines are never even formatted."""
-    logger = logging.getLogger("agent.sinks.slack.sdk")
-    if logger.level < logging.INFO:
-        logger.setLevel(logging.INFO)
-    return logger
 
 
 class SlackSink:
@@ -209,7 +117,7 @@ class SlackSink:
         self._config = config
         self._refs = refs
         self._sleep = sleep
-        self._limiter = _ChannelLimiter(config.max_messages_per_second, clock, sleep)
+        self._limiter = ChannelLimiter(config.max_messages_per_second, clock, sleep)
         self._session = session  # None: the sink opens (and closes) its own on first use
         self._owns_session = session is None
         self._web: AsyncWebClient | None = None
@@ -361,7 +269,7 @@ class SlackSink:
             code = data.get("error") if isinstance(data, dict) else None
             if code in tolerate:
                 return dict(data) if isinstance(data, dict) else {"ok": False, "error": code}
-            raise _api_error(method, exc.response) from exc
+            raise api_error(method, exc.response) from exc
         except TimeoutError as exc:
             raise DeliveryError(f"slack {method}: no answer within {self._config.timeout:g}s") from exc
         except aiohttp.ClientError as exc:
@@ -377,9 +285,9 @@ class SlackSink:
                 base_url=self._config.api_url,
                 timeout=max(1, math.ceil(self._config.timeout)),
                 session=self._http(),
-                logger=_sdk_logger(),
+                logger=sdk_logger(),
                 user_agent_prefix=f"sre-agent/{agent.__version__}",
-                retry_handlers=[_RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
+                retry_handlers=[RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
             )
         return self._web
 
@@ -416,7 +324,7 @@ class SlackSink:
             return
         message = f"slack webhook: HTTP {status}" + (f": {truncate(body, 200)}" if body else "")
         if status == 429 or status >= 500:
-            raise DeliveryError(message, retry_after_s=_retry_after(response.headers.get("Retry-After")))
+            raise DeliveryError(message, retry_after_s=retry_after(response.headers.get("Retry-After")))
         raise DeliveryError(message, permanent=True)  # invalid_payload, no_text, channel_is_archived, ...
 
     def _webhook_client(self) -> AsyncWebhookClient:
@@ -426,26 +334,8 @@ class SlackSink:
                 url,
                 timeout=max(1, math.ceil(self._config.timeout)),
                 session=self._http(),
-                logger=_sdk_logger(),
+                logger=sdk_logger(),
                 user_agent_prefix=f"sre-agent/{agent.__version__}",
-                retry_handlers=[_RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
+                retry_handlers=[RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
             )
         return self._hook
-
-
-def _api_error(method: str, response: Any) -> DeliveryError:
-    """A failed Web API call as a DeliveryError (permanent or retryable, see the module docstring).
-
-    ``response`` is slack-sdk's response, or aiohttp's when the body was not JSON."""
-    status = getattr(response, "status_code", None) or getattr(response, "status", 0) or 0
-    data = getattr(response, "data", None)
-    code = str(data.get("error") or "") if isinstance(data, dict) else ""
-    headers: Mapping[str, str] = getattr(response, "headers", None) or {}
-    message = f"slack {method}: " + (code or f"HTTP {status}")
-    if isinstance(data, dict) and data.get("needed"):
-        message += f" (needs scope {data['needed']})"
-    if status == 429 or code == "ratelimited" or status >= 500:
-        return DeliveryError(message, retry_after_s=_retry_after(headers.get("Retry-After")))
-    if code in _PERMANENT or (not code and 400 <= status < 500):
-        return DeliveryError(message, permanent=True)
-    return DeliveryError(message)  # internal_error, fatal_error, service_unavailable, unknown: try again
