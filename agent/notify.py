@@ -295,22 +295,29 @@ class Dispatcher:
 
     # -- findings ---------------------------------------------------------------------------------------
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None, *, now_ms: int) -> int:
-        """Queue a finding for the receivers of ``alert`` (into its Slack thread) or, without an
-        alert, for the root route's receiver; record it in the alert's incident."""
-        routes = self._router.routes_for(alert.labels) if alert is not None else [self._router.root]
+        """Queue a finding for the receivers of ``alert`` (into its Slack thread) and record it in
+        the alert's incident. A finding with no alert (a tailed log, a target that went down) is
+        routed by its own labels (``finding=<kind>``, ``severity``, ``instance``...) and recorded
+        as an incident of its own, opened and closed at once."""
+        labels = alert.labels if alert is not None else {"finding": finding.kind, "severity": finding.severity,
+                                                           **finding.labels}
+        fp = alert.fingerprint if alert is not None else fingerprint(labels)
         digest = hashlib.sha256(repr(sorted(finding.to_json().items())).encode()).hexdigest()[:12]
         queued = 0
         with self._db.transaction():
-            if alert is not None:
-                self._db.add_incident_event(alert.fingerprint, at_ms=now_ms, kind="finding",
-                                            detail={"kind": finding.kind, "summary": finding.summary,
-                                                    "setting": finding.setting,
-                                                    "suggested_value": finding.suggested_value,
-                                                    "runbook_url": finding.runbook_url})
-            for route in routes:
+            if alert is None:
+                self._db.open_incident(fingerprint=fp, alertname=finding.kind, labels=labels,
+                                       severity=finding.severity, summary=finding.summary, started_ms=now_ms)
+            self._db.add_incident_event(fp, at_ms=now_ms, kind="finding",
+                                        detail={"kind": finding.kind, "summary": finding.summary,
+                                                "setting": finding.setting, "suggested_value": finding.suggested_value,
+                                                "runbook_url": finding.runbook_url})
+            if alert is None:
+                self._db.resolve_incident(fp, resolved_ms=now_ms)
+            for route in self._router.routes_for(labels):
                 if self._kinds.get(route.receiver) == "alertmanager":
                     continue
-                gkey = group_for(route, alert.labels)[0] if alert is not None else ""
+                gkey = group_for(route, labels)[0] if alert is not None else ""
                 n = Notification(key=f"finding:{route.receiver}:{digest}:{now_ms}", receiver=route.receiver,
                                  kind="finding", created_ms=now_ms, group_key=gkey,
                                  alerts=(alert,) if alert is not None else (), finding=finding.to_json(),

@@ -255,3 +255,31 @@ async def test_incidents_silences_and_act_metrics_are_served(fleet: Fleet, tmp_p
     assert 'sre_agent_outbox_depth{receiver="console"} 0.0' in metrics
     assert "sre_agent_silences_active 1.0" in metrics
     assert (expired, again) == (200, 404)
+
+
+async def test_nccl_schedule_and_log_tailing_are_scheduled(fleet: Fleet, tmp_path: Path) -> None:
+    """nccl.schedule becomes a cron job at that time; oom.log_files a polling job; neither without config."""
+    log = tmp_path / "vllm.log"
+    log.touch()
+    agent = Agent(_config(fleet, diagnostics={"oom": {"log_files": [str(log)]},
+                                              "nccl": {"enabled": True, "schedule": "30 3 * * 1"}}),
+                  nvml_module=FakeNvml().module, hostname="n")
+    plain = Agent(_config(fleet), nvml_module=FakeNvml().module, hostname="n")
+    await agent.start(serve_http=False)
+    await plain.start(serve_http=False)
+    try:
+        assert agent._scheduler is not None and plain._scheduler is not None
+        job = agent._scheduler.get_job("nccl")
+        fields = {f.name: str(f) for f in job.trigger.fields}
+        assert (fields["minute"], fields["hour"], fields["day_of_week"]) == ("30", "3", "1")
+        assert agent._scheduler.get_job("oom-logs") is not None
+        assert plain._scheduler.get_job("nccl") is None and plain._scheduler.get_job("oom-logs") is None
+    finally:
+        await agent.stop()
+        await plain.stop()
+
+
+def test_bad_nccl_schedule_is_a_config_error() -> None:
+    """A schedule that is not a 5-field cron expression fails validation, naming the key."""
+    with pytest.raises(ValueError, match="not a cron expression"):
+        Config.model_validate({"diagnostics": {"nccl": {"schedule": "every day"}}})
