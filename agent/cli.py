@@ -39,11 +39,15 @@ __all__ = ["main"]
 
 _DESCRIPTION = """\
 A Prometheus-driven SRE agent for vLLM and LMDeploy fleets: scrapes /metrics and
-NVML GPU stats, evaluates health rules, alerts and scales out.
+NVML GPU stats, evaluates health rules, alerts (Slack, Alertmanager, webhooks) and
+scales out, and tells you why a GPU ran out of memory.
 
 Start here:  sre-agent demo          (agent + a simulated vLLM fleet, nothing else needed)
 Then:        sre-agent check --config agent.yaml
              sre-agent run --config agent.yaml
+Diagnose:    sre-agent plan -- vllm serve MODEL --tensor-parallel-size 4 ...
+             sre-agent diagnose oom /var/log/vllm.log
+             sre-agent nccl --parse all_reduce_perf.txt
 """
 
 
