@@ -1,12 +1,12 @@
-"""Test helpers: a real Alertmanager process and a local webhook receiver that records posts.
+"""Test helpers: a real Alertmanager process whose webhook notifications are recorded.
 
 The Alertmanager sink and the webhook sink are tested against the real thing, not a
 mock of it: :class:`Alertmanager` starts the ``prometheus-alertmanager`` (Debian) or
 ``alertmanager`` binary on 127.0.0.1 with a free port, no clustering, its own storage
-directory and a config that routes every alert to a :class:`WebhookRecorder` (an aiohttp
-server this helper runs), with ``group_wait``/``group_interval`` of 1 s so notifications
-arrive quickly. Tests wait for asynchronous effects with :func:`eventually` (polling
-with a 30 s deadline), never with fixed sleeps.
+directory and a config that routes every alert to a recording server this helper runs
+(:class:`tests.receivers.RecordingServer`), with ``group_wait``/``group_interval`` of
+1 s so notifications arrive quickly. Tests wait for asynchronous effects with
+:func:`eventually` (polling with a 30 s deadline), never with fixed sleeps.
 
 Use it as ``async with Alertmanager(tmp_path) as am:`` or through the fixtures
 :func:`alertmanager` (one instance) and :func:`alertmanager_factory` (several, e.g. an
@@ -20,24 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
-import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-from aiohttp import web
-from multidict import CIMultiDict
+
+from .receivers import RecordingServer, free_port
 
 __all__ = [
     "Alertmanager",
-    "Received",
-    "WebhookRecorder",
     "alertmanager",
     "alertmanager_binary",
     "alertmanager_factory",
@@ -48,8 +43,6 @@ T = TypeVar("T")
 DEADLINE_S = 30.0  # generous: a loaded 2-core CI machine can take seconds to start a Go binary
 RECEIVER = "sre-webhook"  # the receiver name in the Alertmanager config
 HOOK_PATH = "/alertmanager"  # where Alertmanager posts on the recorder
-
-Responder = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
 
 
 def alertmanager_binary() -> str:
@@ -74,79 +67,6 @@ async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float
         await asyncio.sleep(0.05)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the start retries if it was taken)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass(frozen=True)
-class Received:
-    """One request the recorder got."""
-
-    method: str
-    path: str
-    headers: CIMultiDict[str]  # case-insensitive, as HTTP header names are
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-async def _ok(request: web.Request, body: bytes) -> web.StreamResponse:
-    return web.Response(status=200, text="ok")
-
-
-@dataclass
-class WebhookRecorder:
-    """An aiohttp server on 127.0.0.1 recording every request; ``responder`` decides the reply.
-
-    ``ssl_context`` makes it an HTTPS server.
-    """
-
-    responder: Responder = _ok
-    ssl_context: ssl.SSLContext | None = None
-    received: list[Received] = field(default_factory=list)
-    port: int = 0
-    _runner: web.AppRunner | None = None
-
-    async def start(self) -> WebhookRecorder:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> WebhookRecorder:
-        return await self.start()
-
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
-
-    def url(self, path: str = "/hook") -> str:
-        scheme = "https" if self.ssl_context is not None else "http"
-        return f"{scheme}://127.0.0.1:{self.port}{path}"
-
-    def posts(self, path: str) -> list[Received]:
-        return [r for r in self.received if r.method == "POST" and r.path == path]
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.received.append(Received(request.method, request.path, CIMultiDict(request.headers), body))
-        return await self.responder(request, body)
-
-
 class Alertmanager:
     """One real Alertmanager process routing everything to a recorded webhook.
 
@@ -154,12 +74,10 @@ class Alertmanager:
     version-4 payloads it posted to its receiver ``sre-webhook``.
     """
 
-    def __init__(self, workdir: Path, *, group_by: tuple[str, ...] = ("alertname",),
-                 recorder: WebhookRecorder | None = None) -> None:
+    def __init__(self, workdir: Path, *, group_by: tuple[str, ...] = ("alertname",)) -> None:
         self.workdir = workdir
         self.group_by = group_by
-        self.recorder = recorder or WebhookRecorder()
-        self._own_recorder = recorder is None
+        self.recorder = RecordingServer()
         self.port = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -172,8 +90,7 @@ class Alertmanager:
     async def __aenter__(self) -> Alertmanager:
         binary = alertmanager_binary()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self._own_recorder:
-            await self.recorder.start()
+        await self.recorder.start()
         self._session = aiohttp.ClientSession()
         try:
             for _ in range(3):  # a free port can be taken between probing and binding
@@ -191,8 +108,7 @@ class Alertmanager:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        if self._own_recorder:
-            await self.recorder.stop()
+        await self.recorder.stop()
 
     async def _start(self, binary: str) -> bool:
         self.port = free_port()

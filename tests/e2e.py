@@ -7,8 +7,9 @@ the test's loop on 127.0.0.1:
 
 * :class:`MetricsTarget` serves ``/metrics`` with one gauge, ``e2e_condition``, whose
   value the test sets; the rule file :func:`write_config` writes alerts on it.
-* :class:`Receiver` records every request and answers 200 or 503 as told, and can be
-  stopped (connection refused) and started again on the same port.
+* :class:`Receiver` (a :class:`tests.receivers.RecordingServer`) records every request
+  and answers 200 or 503 as told, and can be stopped (connection refused) and started
+  again on the same port.
 * :class:`AgentProcess` is one ``python -m agent run --log-format json`` process: its
   JSON log goes to a file (read for its listen port and for events), its HTTP API is
   read with aiohttp (never a blocking call: the servers the agent scrapes and posts to
@@ -37,10 +38,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from multidict import CIMultiDict
 
 from .alertmanager import eventually
 from .conftest import REPO
+from .receivers import Recorded, RecordingServer
 
 __all__ = [
     "ALERT",
@@ -50,7 +51,6 @@ __all__ = [
     "Agents",
     "MetricsTarget",
     "Receiver",
-    "Request",
     "agents",
     "hook",
     "parse_time",
@@ -73,7 +73,7 @@ def parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-# -- the metrics target --------------------------------------------------------------------------
+# -- the metrics target and the recording receiver ------------------------------------------------
 
 
 @dataclass
@@ -81,111 +81,35 @@ class MetricsTarget:
     """``/metrics`` with ``e2e_condition{replica="a"} <value>``; :meth:`set` changes the value."""
 
     value: float = 0.0
-    scrapes: int = 0
-    _runner: web.AppRunner | None = None
-    port: int = 0
+    server: RecordingServer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.server = RecordingServer(responder=self._metrics)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
+        return self.server.url("/metrics")
 
     def set(self, value: float) -> float:
         """Set the gauge; returns the wall-clock time it changed (the first moment a scrape can see it)."""
         self.value = value
         return time.time()
 
-    async def start(self) -> MetricsTarget:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        self.scrapes += 1
+    async def _metrics(self, request: web.Request, _: bytes) -> web.Response:
+        if request.path != "/metrics":
+            return web.Response(status=404)
         body = ("# HELP e2e_condition A condition the end-to-end test switches.\n"
                 "# TYPE e2e_condition gauge\n"
                 f'e2e_condition{{replica="a"}} {self.value:g}\n')
         return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
 
-# -- the recording receiver ----------------------------------------------------------------------
+class Receiver(RecordingServer):
+    """A webhook (or fake Alertmanager) receiver: a :class:`RecordingServer` answering ``status`` (200 or 503)."""
 
-
-@dataclass(frozen=True)
-class Request:
-    """One request the receiver got, with the status it answered."""
-
-    at: float
-    method: str
-    path: str
-    headers: CIMultiDict[str]
-    body: bytes
-    status: int
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def key(self) -> str:
-        return self.headers.get("Idempotency-Key", "")
-
-
-@dataclass
-class Receiver:
-    """A webhook (or fake Alertmanager) receiver: answers ``status`` (200 or 503) and records
-    everything; :meth:`stop` closes its port (connection refused) and :meth:`start` reopens
-    the same port."""
-
-    status: int = 200
-    requests: list[Request] = field(default_factory=list)
-    port: int = 0
-    _runner: web.AppRunner | None = None
-
-    async def start(self) -> Receiver:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()  # 0 the first time, then the same port
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def accepted(self, path: str = "/hook") -> list[Request]:
-        """POSTs to ``path`` that were answered 2xx, oldest first."""
-        return [r for r in self.requests if r.method == "POST" and r.path == path and 200 <= r.status < 300]
-
-    def refused(self, path: str = "/hook") -> list[Request]:
-        """POSTs to ``path`` answered with an error status."""
-        return [r for r in self.requests if r.method == "POST" and r.path == path and r.status >= 300]
-
-    def accepted_with(self, status: str, path: str = "/hook") -> list[Request]:
+    def accepted_with(self, status: str, path: str | None = None) -> list[Recorded]:
         """Accepted webhook notifications whose JSON ``status`` is ``firing`` or ``resolved``."""
         return [r for r in self.accepted(path) if r.json().get("status") == status]
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        status = self.status
-        self.requests.append(Request(time.time(), request.method, request.path, CIMultiDict(request.headers),
-                                     body, status))
-        if status >= 300:
-            return web.Response(status=status, text="receiver unavailable (test fault)\n")
-        return web.Response(status=status, text="ok\n")
 
 
 # -- the agent process ----------------------------------------------------------------------------
@@ -396,21 +320,16 @@ async def agents(tmp_path: Path) -> AsyncIterator[Agents]:
 @pytest.fixture
 async def target() -> AsyncIterator[MetricsTarget]:
     """The metrics target, condition off."""
-    t = await MetricsTarget().start()
-    try:
+    t = MetricsTarget()
+    async with t.server:
         yield t
-    finally:
-        await t.stop()
 
 
 @pytest.fixture
 async def hook() -> AsyncIterator[Receiver]:
     """A recording webhook receiver answering 200."""
-    r = await Receiver().start()
-    try:
+    async with Receiver() as r:
         yield r
-    finally:
-        await r.stop()
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], *, what: str, timeout: float = 30.0) -> Any:

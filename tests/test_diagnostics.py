@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,8 +31,8 @@ from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
 from agent.store import Store
 
-from .alertmanager import free_port
 from .conftest import FIXTURES, REPO
+from .receivers import RecordingServer, free_port
 
 LOGS = FIXTURES / "logs"
 FAKE_NCCL = REPO / "tests" / "fake_all_reduce_perf.py"
@@ -431,26 +430,9 @@ async def test_collector_exports_findings_and_the_last_nccl_run(tmp_path: Path) 
 # ---- end to end: the in-process daemon, the simulator's OOM, a webhook receiver ----------------------------
 
 
-async def _receiver() -> tuple[str, list[dict[str, Any]], Callable[[], Awaitable[None]]]:
-    """A webhook receiver on 127.0.0.1 recording every POSTed JSON body."""
-    bodies: list[dict[str, Any]] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        bodies.append(await request.json())
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/hook", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return f"http://127.0.0.1:{runner.addresses[0][1]}/hook", bodies, runner.cleanup
-
-
 async def test_simulated_replica_oom_reaches_the_webhook(tmp_path: Path) -> None:
     """A simulated replica's CUDA OOM reaches the webhook as a gpu-oom-runtime finding and /metrics counts it."""
-    url, bodies, close_receiver = await _receiver()
+    receiver = await RecordingServer().start()
     logs = tmp_path / "logs"
     port = free_port()  # the agent is built before the replica exists, so its tailer reads the whole new log
     # oom: replica 0 dies at 90 s of model time; 30 model seconds per wall second -> about 3 s.
@@ -462,7 +444,7 @@ async def test_simulated_replica_oom_reaches_the_webhook(tmp_path: Path) -> None
         "scrape": {"interval": "1s", "timeout": "1s"},
         "nvml": {"enabled": False},
         "state": {"path": str(tmp_path / "state.db")},
-        "receivers": [{"name": "hook", "webhook": {"url": url}}],
+        "receivers": [{"name": "hook", "webhook": {"url": receiver.url("/hook")}}],
         "route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "1s", "group_interval": "1s",
                   "repeat_interval": "1h"},
         "notify": {"dispatch_interval": "200ms", "retry_initial": "200ms", "retry_max": "1s"},
@@ -474,6 +456,7 @@ async def test_simulated_replica_oom_reaches_the_webhook(tmp_path: Path) -> None
         await agent.start()
 
         def finding() -> dict[str, Any] | None:
+            bodies = [r.json() for r in receiver.posts("/hook")]
             return next((b["finding"] for b in bodies if b.get("kind") == "finding"
                          and b["finding"]["kind"] == "gpu-oom-runtime"), None)
 
@@ -498,4 +481,4 @@ async def test_simulated_replica_oom_reaches_the_webhook(tmp_path: Path) -> None
     finally:
         await agent.stop()
         await fleet.stop()
-        await close_receiver()
+        await receiver.stop()

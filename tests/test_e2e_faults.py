@@ -26,6 +26,7 @@ from . import e2e
 from .alertmanager import Alertmanager
 from .e2e import ALERT, FOR_S, INTERVAL_S, Agents, MetricsTarget, Receiver, parse_time, quiet, wait_for, write_config
 from .fake_slack import FakeSlack, SlackMessage, running_fake_slack
+from .receivers import Recorded
 
 agents = e2e.agents  # fixtures, bound here so pytest finds them
 alertmanager = am_helper.alertmanager
@@ -91,7 +92,7 @@ async def test_receivers_down_then_back_get_firing_and_resolved_once(
     target.set(1)
     agent = await agents.start(config)
 
-    async def refused() -> list[e2e.Request]:
+    async def refused() -> list[Recorded]:
         return hook.refused()
 
     await wait_for(refused, what="the webhook refusing the firing notification")
@@ -108,7 +109,7 @@ async def test_receivers_down_then_back_get_firing_and_resolved_once(
     hook.status = 200
     await hook.start()
 
-    async def resolved_delivered() -> list[e2e.Request]:
+    async def resolved_delivered() -> list[Recorded]:
         return hook.accepted_with("resolved")
 
     await wait_for(resolved_delivered, what="the resolved notification")
@@ -152,7 +153,7 @@ async def test_kill_while_pending_does_not_fire_early(tmp_path: Path, agents: Ag
     assert agent.started_at - killed_at - 0.01 <= shift <= restored_at - last_eval + 0.001, (
         shift, agent.started_at - killed_at, restored_at - last_eval)
 
-    async def fired() -> list[e2e.Request]:
+    async def fired() -> list[Recorded]:
         return hook.accepted_with("firing")
 
     first = (await wait_for(fired, what="the firing notification"))[0]
@@ -251,7 +252,7 @@ async def test_kill_with_notification_in_outbox_delivers_once(tmp_path: Path, ag
     await hook.start()
     agent = await agents.start(config)
 
-    async def delivered() -> list[e2e.Request]:
+    async def delivered() -> list[Recorded]:
         return hook.accepted()
 
     await wait_for(delivered, what="the queued notification delivered after the restart")
@@ -264,15 +265,13 @@ async def test_kill_with_notification_in_outbox_delivers_once(tmp_path: Path, ag
 async def test_alertmanager_keeps_starts_at_across_kill(tmp_path: Path, agents: Agents, target: MetricsTarget,
                                                         hook: Receiver, alertmanager: Alertmanager) -> None:
     """A real Alertmanager holds the alert with the agent's firing time, unchanged and active after kill -9."""
-    copy = await Receiver().start()  # a second "Alertmanager" that records exactly what the agent posts
-    try:
-        am = {"name": "am", "alertmanager": {"urls": [alertmanager.url, f"http://127.0.0.1:{copy.port}"],
-                                             "timeout": "2s"}}
+    async with Receiver() as copy:  # a second "Alertmanager" that records exactly what the agent posts
+        am = {"name": "am", "alertmanager": {"urls": [alertmanager.url, copy.url("")], "timeout": "2s"}}
         config = write_config(tmp_path, target=target.url, receivers=[_webhook(hook), am])
         target.set(1)
         agent = await agents.start(config)
 
-        async def fired() -> list[e2e.Request]:
+        async def fired() -> list[Recorded]:
             return hook.accepted_with("firing")
 
         first = (await wait_for(fired, what="the firing notification on the webhook"))[0]
@@ -290,7 +289,7 @@ async def test_alertmanager_keeps_starts_at_across_kill(tmp_path: Path, agents: 
         restarted_at = time.time()
         agent = await agents.start(config)
 
-        async def posted_again() -> list[e2e.Request]:
+        async def posted_again() -> list[Recorded]:
             return [r for r in copy.accepted("/api/v2/alerts") if r.at > restarted_at]
 
         resent = (await wait_for(posted_again, what="the restarted agent posting to Alertmanager"))[0]
@@ -304,5 +303,3 @@ async def test_alertmanager_keeps_starts_at_across_kill(tmp_path: Path, agents: 
         after = await wait_for(updated, what="Alertmanager updated by the restarted agent")
         assert parse_time(after["startsAt"]) == fired_at
         assert after["status"]["state"] == "active" and parse_time(after["endsAt"]) > time.time()
-    finally:
-        await copy.stop()

@@ -21,7 +21,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from agent.act import build_sinks
 from agent.config import Config
@@ -38,6 +37,7 @@ from agent.state import StateDB
 
 from .alertmanager import Alertmanager, eventually
 from .fake_slack import running_fake_slack
+from .receivers import Recorded, RecordingServer
 
 T0 = 1_700_000_000.0  # the fake clock's start (Unix seconds)
 FAST = {"group_wait": "30s", "group_interval": "60s", "repeat_interval": "150s"}
@@ -87,55 +87,6 @@ def iso_ms(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms(seconds) % 1000:03d}Z"
 
 
-# -- a receiver the test controls ----------------------------------------------------------------------------
-@dataclass
-class Post:
-    path: str
-    key: str
-    status: int
-    at: float  # fake-clock seconds after the start
-    body: Any
-
-
-class Hook:
-    """A local HTTP receiver: answers ``status`` (with ``retry_after``), or is stopped (connection refused)."""
-
-    def __init__(self, t: list[float], t0: float = T0) -> None:
-        self.t, self.t0 = t, t0
-        self.status = 200
-        self.retry_after: str | None = None
-        self.posts: list[Post] = []
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> Hook:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def ok(self, path: str | None = None) -> list[Post]:
-        """The requests answered 2xx (to ``path``, if given)."""
-        return [p for p in self.posts if p.status == 200 and path in (None, p.path)]
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.posts.append(Post(request.path, request.headers.get("Idempotency-Key", ""), self.status,
-                               self.t[0] - self.t0, await request.json()))
-        headers = {"Retry-After": self.retry_after} if self.retry_after and self.status == 429 else {}
-        return web.Response(status=self.status, text="ok" if self.status == 200 else "nope", headers=headers)
-
-
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[StateDB]:
     """The state database on a temporary file, closed at teardown."""
@@ -151,16 +102,16 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-HookFactory = Callable[..., Awaitable[Hook]]
+HookFactory = Callable[..., Awaitable[RecordingServer]]
 
 
 @pytest.fixture
 async def hooks() -> AsyncIterator[HookFactory]:
-    """Start Hooks reading the given clock; all stopped at teardown."""
-    started: list[Hook] = []
+    """Start recording receivers that stamp requests with fake-clock seconds after ``t0``; all stopped at teardown."""
+    started: list[RecordingServer] = []
 
-    async def start(t: list[float], t0: float = T0) -> Hook:
-        started.append(await Hook(t, t0).start())
+    async def start(t: list[float], t0: float = T0) -> RecordingServer:
+        started.append(await RecordingServer(clock=lambda: t[0] - t0).start())
         return started[-1]
 
     yield start
@@ -226,9 +177,9 @@ class Rig:
             k += 1
 
 
-def alertnames(post: Post) -> list[tuple[str, str]]:
+def alertnames(post: Recorded) -> list[tuple[str, str]]:
     """(status, instance or alertname) of each alert in a webhook body, in order."""
-    return [(a["status"], a["labels"].get("instance", a["labels"]["alertname"])) for a in post.body["alerts"]]
+    return [(a["status"], a["labels"].get("instance", a["labels"]["alertname"])) for a in post.json()["alerts"]]
 
 
 # -- 1. grouping, repeat, resolved ---------------------------------------------------------------------------
@@ -241,23 +192,23 @@ async def test_group_wait_interval_repeat_and_resolved(db: StateDB, session: aio
     rig = Rig(cfg, db, session, t,
               specs=[spec("Q", 0, 285, instance="a"), spec("Q", 45, 345, instance="b")])
     await rig.run(29.5)
-    assert hook.posts == []  # nothing before group_wait
+    assert hook.posts() == []  # nothing before group_wait
     await rig.run(30)
-    assert [(p.at, alertnames(p)) for p in hook.posts] == [(30, [("firing", "a")])]
+    assert [(p.at, alertnames(p)) for p in hook.posts()] == [(30, [("firing", "a")])]
     await rig.run(89.5)  # b joined at 45: not sent before the next group_interval (30 + 60)
-    assert len(hook.posts) == 1
+    assert len(hook.posts()) == 1
     await rig.run(500)
     # 150, 210: unchanged and repeat_interval (150 s after 90) not passed; 270: repeat; 330: a resolved;
     # 390: all resolved. After that the group is gone and nothing else is sent.
-    assert [(p.at, p.body["status"], alertnames(p)) for p in hook.posts] == [
+    assert [(p.at, p.json()["status"], alertnames(p)) for p in hook.posts()] == [
         (30, "firing", [("firing", "a")]),
         (90, "firing", [("firing", "a"), ("firing", "b")]),
         (270, "firing", [("firing", "a"), ("firing", "b")]),
         (330, "firing", [("firing", "b"), ("resolved", "a")]),
         (390, "resolved", [("resolved", "a"), ("resolved", "b")]),
     ]
-    assert hook.posts[3].body["alerts"][1]["endsAt"] == "2023-11-14T22:18:05Z"  # T0 + 285 s
-    assert len({p.key for p in hook.posts}) == 5
+    assert hook.posts()[3].json()["alerts"][1]["endsAt"] == "2023-11-14T22:18:05Z"  # T0 + 285 s
+    assert len({p.key for p in hook.posts()}) == 5
 
 
 async def test_send_resolved_false_sends_no_resolved_but_a_refire_notifies(
@@ -269,11 +220,11 @@ async def test_send_resolved_false_sends_no_resolved_but_a_refire_notifies(
                       {"receiver": "hook", "group_by": ["alertname"], "send_resolved": False, **FAST})
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0, 45)])
     await rig.run(110)
-    assert [p.at for p in hook.posts] == [30]  # the flush at 90 saw it resolved and sent nothing
+    assert [p.at for p in hook.posts()] == [30]  # the flush at 90 saw it resolved and sent nothing
     rig.specs = [spec("Q", 120)]  # the same alert fires again at 120
     await rig.run(300)
     # The kept resolved alert re-created the group at 105 (flush at 135); the re-fire at 120 is sent then.
-    assert [(p.at, alertnames(p)) for p in hook.posts] == [(30, [("firing", "Q")]), (135, [("firing", "Q")])]
+    assert [(p.at, alertnames(p)) for p in hook.posts()] == [(30, [("firing", "Q")]), (135, [("firing", "Q")])]
 
 
 # -- 2. silences -----------------------------------------------------------------------------------------------
@@ -287,11 +238,11 @@ async def test_silence_mutes_until_it_expires(db: StateDB, session: aiohttp.Clie
                              created_by="test", comment="maintenance")
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0, instance="a"), spec("R", 0, instance="a")])
     await rig.run(100)
-    assert [(p.at, alertnames(p)[0][1], p.body["groupLabels"]) for p in hook.posts] == [
+    assert [(p.at, alertnames(p)[0][1], p.json()["groupLabels"]) for p in hook.posts()] == [
         (30, "a", {"alertname": "R"})]  # R is not silenced; Q is, at 30 and 90
     assert db.expire_silence(silence.id, now_ms=ms(t[0]))
     await rig.run(200)
-    assert [(p.at, p.body["groupLabels"]) for p in hook.posts[1:]] == [(150, {"alertname": "Q"})]
+    assert [(p.at, p.json()["groupLabels"]) for p in hook.posts()[1:]] == [(150, {"alertname": "Q"})]
 
 
 # -- 3. routes ---------------------------------------------------------------------------------------------------
@@ -309,7 +260,7 @@ async def test_continue_routes_reach_every_matching_receiver(db: StateDB, sessio
     rig = Rig(cfg, db, session, t,
               specs=[spec("Disk", 0, team="db", severity="critical"), spec("Cpu", 0, team="web", severity="info")])
     await rig.run(40)
-    got = sorted((p.path, p.at, p.body["groupLabels"]["alertname"]) for p in hook.posts)
+    got = sorted((p.path, p.at, p.json()["groupLabels"]["alertname"]) for p in hook.posts())
     assert got == [("/db", 30, "Disk"), ("/default", 30, "Cpu"), ("/pager", 10, "Disk")]
 
 
@@ -336,11 +287,11 @@ async def test_alertmanager_resend_times_and_one_queue_per_url(db: StateDB, sess
     # Y: 30, 105, 180. endsAt while firing = now + 4 × max(15 s, 60 s) = now + 240 s; startsAt = firedAt.
     expect = [(0, "X", 0, 240), (30, "Y", 30, 270), (75, "X", 0, 315), (105, "Y", 30, 345), (150, "X", 0, 390),
               (165, "X", 0, 165), (180, "Y", 30, 420)]
-    got = [(p.at, a["labels"]["alertname"], a["startsAt"], a["endsAt"]) for p in am0.posts for a in p.body]
+    got = [(p.at, a["labels"]["alertname"], a["startsAt"], a["endsAt"]) for p in am0.posts() for a in p.json()]
     assert got == [(at, n, iso_ms(T0 + st), iso_ms(T0 + end)) for at, n, st, end in expect]
-    assert all(p.path == "/api/v2/alerts" for p in am0.posts)
-    assert len(am1.posts) == 1 and am1.posts[0].at <= 215
-    latest = sorted((a["labels"]["alertname"], a["startsAt"], a["endsAt"]) for a in am1.posts[0].body)
+    assert all(p.path == "/api/v2/alerts" for p in am0.posts())
+    assert len(am1.posts()) == 1 and am1.posts()[0].at <= 215
+    latest = sorted((a["labels"]["alertname"], a["startsAt"], a["endsAt"]) for a in am1.posts()[0].json())
     assert latest == [("X", iso_ms(T0), iso_ms(T0 + 165)), ("Y", iso_ms(T0 + 30), iso_ms(T0 + 420))]
     assert db.outbox_depth() == {}
 
@@ -408,18 +359,18 @@ async def test_receiver_down_ten_minutes(db: StateDB, session: aiohttp.ClientSes
     await rig.run(700)
     # The up receiver got each notification on time: n1 at group_wait, n2 (b joined) at 70, n3 (KV) at 220,
     # n4 (a resolved) at 310.
-    assert [(p.at, alertnames(p)) for p in up.posts] == [
+    assert [(p.at, alertnames(p)) for p in up.posts()] == [
         (10, [("firing", "a")]), (70, [("firing", "a"), ("firing", "b")]), (220, [("firing", "a")]),
         (310, [("firing", "b"), ("resolved", "a")])]
     # Attempts of the head item: 429 at 10 (Retry-After 20 s beats the 1.5 s backoff), then 503s with
     # waits 0.75 × min(60, 2 × 2^(n-1)) = 3, 6, 12, 24, 45; refused from 120 on, every 45 s; up again at 615.
     expected = [10.0, 30, 33, 39, 51, 75, *range(120, 616, 45)]
     assert attempts[:len(expected)] == expected
-    assert [p.at for p in down.posts[:6]] == expected[:6]  # the 429/503 ones reached the server
-    delivered = down.ok()
-    assert [alertnames(p) for p in delivered] == [alertnames(p) for p in up.posts]  # FIFO
+    assert [p.at for p in down.posts()[:6]] == expected[:6]  # the 429/503 ones reached the server
+    delivered = down.accepted()
+    assert [alertnames(p) for p in delivered] == [alertnames(p) for p in up.posts()]  # FIFO
     assert all(615 <= p.at <= 620 for p in delivered)
-    assert len(down.posts) == 6 + 4 and len({p.key for p in down.posts}) == 4
+    assert len(down.posts()) == 6 + 4 and len({p.key for p in down.posts()}) == 4
     assert all(sum(1 for q in delivered if q.key == p.key) == 1 for p in delivered)
     assert rig.d.stats.sent == {"up": 4, "down": 4}
     assert rig.d.stats.retried == {"down": len(expected) - 1}
@@ -437,7 +388,7 @@ async def test_rejected_notification_fails_at_once(db: StateDB, session: aiohttp
     cfg = make_config({"hook": webhook(hook.url())}, {"receiver": "hook", **FAST})
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0)])
     await rig.run(120)
-    assert [p.at for p in hook.posts] == [30]
+    assert [p.at for p in hook.posts()] == [30]
     [failed] = db.failed()
     assert failed["receiver"] == "hook" and failed["attempts"] == 1 and "HTTP 400" in failed["error"]
     [incident] = db.incidents()
@@ -456,7 +407,7 @@ async def test_gives_up_after_give_up_after(db: StateDB, session: aiohttp.Client
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0)])
     await rig.run(200)
     # Queued at 10; attempts 10, 11.5, 14.5, 20.5, 32.5, 56.5 (age < 60 s: retried), 101.5 (age 91.5 s: failed).
-    assert [p.at for p in hook.posts] == [10, 11.5, 14.5, 20.5, 32.5, 56.5, 101.5]
+    assert [p.at for p in hook.posts()] == [10, 11.5, 14.5, 20.5, 32.5, 56.5, 101.5]
     assert [f["attempts"] for f in db.failed()] == [7]
     assert rig.d.stats.retried == {"hook": 6} and rig.d.stats.failed == {"hook": 1}
 
@@ -479,9 +430,9 @@ async def test_restart_keeps_nflog_and_delivers_the_old_outbox(tmp_path: Path, d
     await hook.start()
     rig.restart(StateDB(tmp_path / "s.db"))
     await rig.run(190)  # the new dispatcher's group: created at 45, flushes at 75 and 135; nflog: nothing new
-    assert [(p.key, p.at, p.body["status"]) for p in hook.posts] == [(key, 40.5, "firing")]
+    assert [(p.key, p.at, p.json()["status"]) for p in hook.posts()] == [(key, 40.5, "firing")]
     await rig.run(260)  # resolved at 200: the flush at 255 reports it (the nflog knew it was firing)
-    assert [(p.at, p.body["status"]) for p in hook.posts[1:]] == [(255, "resolved")]
+    assert [(p.at, p.json()["status"]) for p in hook.posts()[1:]] == [(255, "resolved")]
     rig.db.close()
 
 
@@ -512,8 +463,8 @@ async def test_finding_goes_into_the_alerts_slack_thread(db: StateDB, session: a
         [reply] = slack.replies(message.ts)
         assert "KV cache too large" in reply.text
         assert len(slack.messages) == 2
-        [found] = hook.posts
-        assert found.body["kind"] == "finding" and found.body["finding"]["setting"] == "--max-model-len"
+        [found] = hook.posts()
+        assert found.json()["kind"] == "finding" and found.json()["finding"]["setting"] == "--max-model-len"
         by_name = {i.alertname: i for i in rig.db.incidents()}
         alertname = seen[0].labels["alertname"]
         assert [e.kind for e in by_name[alertname].events] == ["fired", "notified", "finding", "notified"]

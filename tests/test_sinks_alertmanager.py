@@ -9,7 +9,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from agent.config import AlertmanagerReceiverConfig
 from agent.errors import DeliveryError
@@ -17,7 +16,8 @@ from agent.notification import AlertSnapshot, Notification
 from agent.sinks.alertmanager import AlertmanagerSink, alerts_v2_payload, format_rfc3339_ms
 
 from . import alertmanager as am_helper
-from .alertmanager import Alertmanager, WebhookRecorder
+from .alertmanager import Alertmanager
+from .receivers import RecordingServer, reply
 
 alertmanager = am_helper.alertmanager  # fixtures, bound here so pytest finds them
 alertmanager_factory = am_helper.alertmanager_factory
@@ -93,14 +93,14 @@ def test_payload_omits_empty_generator_url_and_zero_start() -> None:
 
 async def test_posts_v2_json_and_skips_other_kinds() -> None:
     """Alerts go to POST /api/v2/alerts as JSON; findings and scale requests are not sent."""
-    async with WebhookRecorder() as rec, aiohttp.ClientSession() as session:
+    async with RecordingServer() as rec, aiohttp.ClientSession() as session:
         cfg = AlertmanagerReceiverConfig(urls=[rec.url("/prefix/")])
         sink = AlertmanagerSink("am", rec.url("/prefix/"), cfg, session, clock=lambda: T0_MS / 1000)
         assert await sink.send(_notification([_snap("a")], kind="finding")) is None
         assert await sink.send(_notification([], kind="scale")) is None
-        assert rec.received == []
+        assert rec.requests == []
         assert await sink.send(_notification([_snap("a")])) is None
-        (req,) = rec.received
+        (req,) = rec.requests
         assert (req.method, req.path) == ("POST", "/prefix/api/v2/alerts")
         assert req.headers["Content-Type"] == "application/json"
         assert req.json()[0]["endsAt"] == "2026-11-29T18:44:02.123Z"  # clock + 4 × 60 s default
@@ -114,10 +114,8 @@ async def test_posts_v2_json_and_skips_other_kinds() -> None:
 async def test_status_policy(status: int, headers: dict[str, str], permanent: bool, retry_after: float | None
                              ) -> None:
     """5xx and 429 are retryable (Retry-After honoured); other 4xx are permanent and carry the reply text."""
-    async def reply(request: web.Request, body: bytes) -> web.StreamResponse:
-        return web.Response(status=status, text="the reason", headers=headers)
-
-    async with WebhookRecorder(responder=reply) as rec, aiohttp.ClientSession() as session:
+    answer = reply(status, text="the reason", headers=headers)
+    async with RecordingServer(responder=answer) as rec, aiohttp.ClientSession() as session:
         sink = AlertmanagerSink("am", rec.url(""), AlertmanagerReceiverConfig(urls=[rec.url("")]), session)
         with pytest.raises(DeliveryError) as err:
             await sink.send(_notification([_snap("a")]))

@@ -7,10 +7,9 @@ import hashlib
 import hmac
 import json
 import shutil
-import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from agent.simulate.server import Fleet, FleetConfig
 from agent.sinks.scale import ScaleSink, parse_retry_after
 from agent.state import StateDB
 
-from .conftest import Handler
+from .receivers import RecordingServer, free_port, reply
 
 NOW_S = 1_700_000_000  # the sink's injected clock
 
@@ -47,6 +46,13 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
     """One shared client session, as the daemon passes to every sink."""
     async with aiohttp.ClientSession() as s:
         yield s
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[RecordingServer]:
+    """A recording receiver on 127.0.0.1; each test sets its answer."""
+    async with RecordingServer() as rec:
+        yield rec
 
 
 @pytest.fixture
@@ -106,22 +112,18 @@ def reference_verify(secret: bytes, timestamp: str, body: bytes, signature: str)
 
 
 async def test_signed_request_verifies_with_a_reference_hmac(
-    http_server: Callable[[Handler], Awaitable[str]], session: aiohttp.ClientSession, tmp_path: Path
+    receiver: RecordingServer, session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """With a secret, the exact body bytes are signed with the timestamp; the Idempotency-Key header is set."""
-    seen: list[tuple[dict[str, str], bytes]] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        seen.append((dict(request.headers), await request.read()))
-        return web.json_response({"replicas": 3})
-
-    url = await http_server(handler)
+    receiver.responder = reply(json_body={"replicas": 3})
     secret_file = tmp_path / "secret"
     secret_file.write_text("s3cr3t\n")
-    sink = ScaleSink("scale:vllm", webhook(url, secret_file=str(secret_file)), session, clock=lambda: NOW_S + 0.7)
+    sink = ScaleSink("scale:vllm", webhook(receiver.url("/scale"), secret_file=str(secret_file)), session,
+                     clock=lambda: NOW_S + 0.7)
     n = scale_notification(3)
     assert await sink.send(n) == {"replicas": 3}
-    [(headers, body)] = seen
+    [request] = receiver.requests
+    headers, body = request.headers, request.body
     assert headers["X-SRE-Agent-Timestamp"] == str(NOW_S)
     assert reference_verify(b"s3cr3t", headers["X-SRE-Agent-Timestamp"], body, headers["X-SRE-Agent-Signature"])
     assert not reference_verify(b"other", headers["X-SRE-Agent-Timestamp"], body, headers["X-SRE-Agent-Signature"])
@@ -130,19 +132,13 @@ async def test_signed_request_verifies_with_a_reference_hmac(
     assert json.loads(body) == n.scale
 
 
-async def test_unsigned_without_a_secret(
-    http_server: Callable[[Handler], Awaitable[str]], session: aiohttp.ClientSession
-) -> None:
+async def test_unsigned_without_a_secret(receiver: RecordingServer, session: aiohttp.ClientSession) -> None:
     """Without a secret no signature headers are sent; an empty 2xx reply returns None."""
-    seen: list[dict[str, str]] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        seen.append(dict(request.headers))
-        return web.Response(status=204)
-
-    sink = ScaleSink("scale:vllm", webhook(await http_server(handler)), session)
+    receiver.responder = reply(204)
+    sink = ScaleSink("scale:vllm", webhook(receiver.url("/scale")), session)
     assert await sink.send(scale_notification(3)) is None
-    assert "X-SRE-Agent-Signature" not in seen[0] and "X-SRE-Agent-Timestamp" not in seen[0]
+    headers = receiver.requests[0].headers
+    assert "X-SRE-Agent-Signature" not in headers and "X-SRE-Agent-Timestamp" not in headers
 
 
 async def test_simulator_400_is_permanent(fleet: Fleet, session: aiohttp.ClientSession) -> None:
@@ -157,10 +153,7 @@ async def test_simulator_400_is_permanent(fleet: Fleet, session: aiohttp.ClientS
 
 async def test_connection_refused_is_retryable(session: aiohttp.ClientSession) -> None:
     """A receiver that is not listening gives a retryable error with the cause chained."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    sink = ScaleSink("scale:vllm", webhook(f"http://127.0.0.1:{port}/scale"), session)
+    sink = ScaleSink("scale:vllm", webhook(f"http://127.0.0.1:{free_port()}/scale"), session)
     with pytest.raises(DeliveryError) as info:
         await sink.send(scale_notification(3))
     assert not info.value.permanent
@@ -173,16 +166,12 @@ async def test_connection_refused_is_retryable(session: aiohttp.ClientSession) -
     (500, None, None),
 ])
 async def test_429_and_5xx_are_retryable_with_retry_after(
-    http_server: Callable[[Handler], Awaitable[str]], session: aiohttp.ClientSession,
+    receiver: RecordingServer, session: aiohttp.ClientSession,
     status: int, retry_after: str | None, expected_after: float | None,
 ) -> None:
     """429 and 5xx are retried, after the receiver's Retry-After (seconds or an HTTP date) when given."""
-
-    async def handler(request: web.Request) -> web.Response:
-        headers = {"Retry-After": retry_after} if retry_after is not None else {}
-        return web.Response(status=status, text="busy", headers=headers)
-
-    sink = ScaleSink("scale:vllm", webhook(await http_server(handler)), session, clock=lambda: NOW_S)
+    receiver.responder = reply(status, text="busy", headers={"Retry-After": retry_after} if retry_after else {})
+    sink = ScaleSink("scale:vllm", webhook(receiver.url("/scale")), session, clock=lambda: NOW_S)
     with pytest.raises(DeliveryError) as info:
         await sink.send(scale_notification(3))
     assert not info.value.permanent
@@ -192,32 +181,27 @@ async def test_429_and_5xx_are_retryable_with_retry_after(
 
 @pytest.mark.parametrize("status", [401, 404, 422, 301])
 async def test_other_4xx_and_redirects_are_permanent(
-    http_server: Callable[[Handler], Awaitable[str]], session: aiohttp.ClientSession, status: int
+    receiver: RecordingServer, session: aiohttp.ClientSession, status: int
 ) -> None:
     """A 4xx other than 429 (and a redirect, which is not followed) cannot be fixed by retrying."""
-    calls: list[str] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        calls.append(request.method)
-        return web.Response(status=status, headers={"Location": "/elsewhere"} if status == 301 else {})
-
-    sink = ScaleSink("scale:vllm", webhook(await http_server(handler)), session)
+    receiver.responder = reply(status, headers={"Location": "/elsewhere"} if status == 301 else {})
+    sink = ScaleSink("scale:vllm", webhook(receiver.url("/scale")), session)
     with pytest.raises(DeliveryError) as info:
         await sink.send(scale_notification(3))
     assert info.value.permanent
-    assert calls == ["POST"]
+    assert [r.method for r in receiver.requests] == ["POST"]
 
 
-async def test_timeout_is_retryable(http_server: Callable[[Handler], Awaitable[str]], session: aiohttp.ClientSession
-                                    ) -> None:  # fmt: skip
+async def test_timeout_is_retryable(receiver: RecordingServer, session: aiohttp.ClientSession) -> None:
     """A receiver that does not answer within the timeout gives a retryable error."""
     release = asyncio.Event()
 
-    async def handler(request: web.Request) -> web.Response:
+    async def hang(request: web.Request, body: bytes) -> web.Response:
         await release.wait()
         return web.Response(status=200)
 
-    sink = ScaleSink("scale:vllm", webhook(await http_server(handler), timeout="100ms"), session)
+    receiver.responder = hang
+    sink = ScaleSink("scale:vllm", webhook(receiver.url("/scale"), timeout="100ms"), session)
     try:
         with pytest.raises(DeliveryError) as info:
             await sink.send(scale_notification(3))
@@ -261,22 +245,11 @@ def self_signed(tmp_path: Path) -> ssl.SSLContext:
 
 async def test_tls_verification_follows_config(self_signed: ssl.SSLContext, session: aiohttp.ClientSession) -> None:
     """A self-signed receiver is refused with verify_tls on (retryable) and accepted with it off."""
-
-    async def handler(request: web.Request) -> web.Response:
-        return web.json_response({"replicas": 3})
-
-    app = web.Application()
-    app.router.add_post("/scale", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self_signed).start()
-    url = f"https://127.0.0.1:{runner.addresses[0][1]}/scale"
-    try:
+    async with RecordingServer(responder=reply(json_body={"replicas": 3}), ssl_context=self_signed) as rec:
+        url = rec.url("/scale")
         with pytest.raises(DeliveryError) as info:
             await ScaleSink("s", webhook(url), session).send(scale_notification(3))
         assert not info.value.permanent
         assert isinstance(info.value.__cause__, aiohttp.ClientConnectorCertificateError)
         assert await ScaleSink("s", webhook(url, verify_tls=False), session).send(scale_notification(3)) == {
             "replicas": 3}
-    finally:
-        await runner.cleanup()

@@ -28,7 +28,8 @@ from agent.sinks.alertmanager import AlertmanagerSink
 from agent.sinks.webhook import WebhookSink, format_go_time, parse_retry_after
 
 from . import alertmanager as am_helper
-from .alertmanager import Alertmanager, WebhookRecorder
+from .alertmanager import Alertmanager
+from .receivers import RecordingServer, reply
 
 alertmanager = am_helper.alertmanager  # the fixture, bound here so pytest finds it
 
@@ -59,7 +60,7 @@ def _config(url: str, **extra: Any) -> WebhookReceiverConfig:
     return WebhookReceiverConfig.model_validate({"url": url, **extra})
 
 
-async def _send(rec: WebhookRecorder, note: Notification, *, clock: float = NOW_S, **extra: Any
+async def _send(rec: RecordingServer, note: Notification, *, clock: float = NOW_S, **extra: Any
                 ) -> dict[str, Any] | None:
     async with aiohttp.ClientSession() as session:
         sink = WebhookSink("hook", _config(rec.url(), **extra), session, clock=lambda: clock)
@@ -99,9 +100,9 @@ def test_retry_after_forms() -> None:
 
 async def test_alert_payload_shape() -> None:
     """An alert group is posted as Alertmanager's version-4 message; firing endsAt is Go's zero time."""
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note([_snap("a"), _snap("b", "resolved", ends_at_ms=T0_MS + 30_000)]))
-    assert rec.received[0].json() == {
+    assert rec.requests[0].json() == {
         "version": "4",
         "groupKey": "group-1",
         "truncatedAlerts": 0,
@@ -131,9 +132,9 @@ async def test_max_alerts_truncates() -> None:
     and status over the alerts sent (as Alertmanager does)."""
     alerts = [_snap("a", "resolved", ends_at_ms=T0_MS + 1000, zone="x"), _snap("b", "resolved", zone="x"),
               _snap("c", zone="y")]
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note(alerts), max_alerts=2)
-    body = rec.received[0].json()
+    body = rec.requests[0].json()
     assert [a["labels"]["instance"] for a in body["alerts"]] == ["a", "b"]
     assert body["truncatedAlerts"] == 1
     assert body["status"] == "resolved"
@@ -143,10 +144,10 @@ async def test_max_alerts_truncates() -> None:
 async def test_finding_payload_and_no_scale() -> None:
     """A finding is posted under "finding"; a scale request is not a webhook's business."""
     finding = {"kind": "gpu-oom-runtime", "summary": "CUDA OOM", "setting": "--max-model-len"}
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note([], kind="finding", finding=finding))
         assert await _send(rec, _note([], kind="scale")) is None
-    (req,) = rec.received
+    (req,) = rec.requests
     assert req.json() == {"version": "4", "kind": "finding", "groupKey": "group-1", "finding": finding}
 
 
@@ -156,9 +157,9 @@ async def test_awkward_label_values_round_trip() -> None:
               "html": "<script>x&y</script>"}
     alert = AlertSnapshot(labels={"alertname": "X", **values}, annotations={"description": values["html"]},
                           status="firing", starts_at_ms=T0_MS)
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note([alert]))
-    got = rec.received[0].json()["alerts"][0]
+    got = rec.requests[0].json()["alerts"][0]
     assert got["labels"] == {"alertname": "X", **values}
     assert got["annotations"] == {"description": "<script>x&y</script>"}
 
@@ -169,9 +170,9 @@ async def test_signed_request_verifies(tmp_path: Path) -> None:
     """With secret_file, the request carries a signature a reference verifier accepts, plus the other headers."""
     secret_path = tmp_path / "webhook-secret"
     secret_path.write_text(SECRET + "\n")
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note([_snap("a")]), secret_file=str(secret_path))
-    req = rec.received[0]
+    req = rec.requests[0]
     secret = secret_path.read_text().strip().encode()
     assert reference_verify(secret, req.headers, req.body, now=NOW_S)
     assert req.headers["X-SRE-Agent-Timestamp"] == "1795977660"
@@ -184,9 +185,9 @@ async def test_tampered_or_stale_request_rejected(tmp_path: Path) -> None:
     """The reference verifier rejects a changed body, a wrong secret and a request older than 5 minutes."""
     secret_path = tmp_path / "webhook-secret"
     secret_path.write_text(SECRET)
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note([_snap("a")]), secret_file=str(secret_path))
-    req = rec.received[0]
+    req = rec.requests[0]
     secret = SECRET.encode()
     tampered = req.body.replace(b'"firing"', b'"resolved"', 1)
     assert tampered != req.body
@@ -197,9 +198,9 @@ async def test_tampered_or_stale_request_rejected(tmp_path: Path) -> None:
 
 async def test_unsigned_without_secret() -> None:
     """Without a secret there are no signature headers, and the idempotency key is still sent."""
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         await _send(rec, _note([_snap("a")], key="other-key"))
-    headers = rec.received[0].headers
+    headers = rec.requests[0].headers
     assert "X-SRE-Agent-Signature" not in headers
     assert "X-SRE-Agent-Timestamp" not in headers
     assert headers["Idempotency-Key"] == "other-key"
@@ -210,9 +211,9 @@ async def test_secret_and_body_not_logged(tmp_path: Path) -> None:
     secret_path = tmp_path / "webhook-secret"
     secret_path.write_text(SECRET)
     with structlog.testing.capture_logs() as logs:
-        async with WebhookRecorder() as rec:
+        async with RecordingServer() as rec:
             await _send(rec, _note([_snap("a", marker="body-marker-77")]), secret_file=str(secret_path))
-    assert rec.received
+    assert rec.requests
     assert SECRET not in repr(logs)
     assert "body-marker-77" not in repr(logs)
 
@@ -230,25 +231,19 @@ async def test_secret_and_body_not_logged(tmp_path: Path) -> None:
 async def test_status_policy(status: int, headers: dict[str, str], permanent: bool, retry_after: float | None
                              ) -> None:
     """2xx is delivery; 429/5xx are retryable with Retry-After; other statuses are permanent with the reason."""
-    async def reply(request: web.Request, body: bytes) -> web.StreamResponse:
-        return web.Response(status=status, text='{"message": "nope: bad thing"}', headers=headers,
-                            content_type="application/json")
-
-    async with WebhookRecorder(responder=reply) as rec:
+    answer = reply(status, text='{"message": "nope: bad thing"}', headers=headers, content_type="application/json")
+    async with RecordingServer(responder=answer) as rec:
         with pytest.raises(DeliveryError) as err:
             await _send(rec, _note([_snap("a")]))
     assert err.value.permanent is permanent
     assert err.value.retry_after_s == retry_after
     assert "nope: bad thing" in str(err.value)
-    assert len(rec.received) == 1  # one attempt, no redirect followed
+    assert len(rec.requests) == 1  # one attempt, no redirect followed
 
 
 async def test_json_reply_returned() -> None:
     """A receiver's JSON object reply is returned to the dispatcher."""
-    async def reply(request: web.Request, body: bytes) -> web.StreamResponse:
-        return web.json_response({"id": "INC-42"}, status=202)
-
-    async with WebhookRecorder(responder=reply) as rec:
+    async with RecordingServer(responder=reply(202, json_body={"id": "INC-42"})) as rec:
         assert await _send(rec, _note([_snap("a")])) == {"id": "INC-42"}
 
 
@@ -260,7 +255,7 @@ async def test_timeout_is_retryable() -> None:
         await release.wait()
         return web.Response(text="late")
 
-    async with WebhookRecorder(responder=hang) as rec:
+    async with RecordingServer(responder=hang) as rec:
         try:
             with pytest.raises(DeliveryError) as err:
                 await _send(rec, _note([_snap("a")]), timeout="300ms")
@@ -272,7 +267,7 @@ async def test_timeout_is_retryable() -> None:
 
 async def test_connection_refused_is_retryable() -> None:
     """Nobody listening is a retryable error."""
-    async with WebhookRecorder() as rec:
+    async with RecordingServer() as rec:
         url = rec.url()
     async with aiohttp.ClientSession() as session:
         with pytest.raises(DeliveryError) as err:
@@ -328,15 +323,15 @@ async def test_tls_self_signed(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
-    async with WebhookRecorder(ssl_context=context) as rec:
+    async with RecordingServer(ssl_context=context) as rec:
         assert rec.url().startswith("https://127.0.0.1:")
         with pytest.raises(DeliveryError) as err:
             await _send(rec, _note([_snap("a")]))
         assert err.value.permanent is False
-        assert rec.received == []
+        assert rec.requests == []
         with structlog.testing.capture_logs() as logs:
             await _send(rec, _note([_snap("a")]), verify_tls=False)
-    assert len(rec.received) == 1
+    assert len(rec.requests) == 1
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["webhook TLS verification disabled"]
 
 
@@ -384,7 +379,7 @@ async def test_differential_against_real_alertmanager(alertmanager: Alertmanager
         for inst in ("gpu-a:8000", "gpu-b:8000")
     }
 
-    async with aiohttp.ClientSession() as session, WebhookRecorder() as ours_rec:
+    async with aiohttp.ClientSession() as session, RecordingServer() as ours_rec:
         am_sink = AlertmanagerSink("am", alertmanager.url, AlertmanagerReceiverConfig(urls=[alertmanager.url]),
                                    session)
         ours = WebhookSink(am_helper.RECEIVER, _config(ours_rec.url()), session)
@@ -399,12 +394,12 @@ async def test_differential_against_real_alertmanager(alertmanager: Alertmanager
             await am_sink.send(_note(list(current.values())))
             am_payload = await alertmanager.wait_webhook(wanted)
             in_payload = [current[a["labels"]["instance"]] for a in am_payload["alerts"]]
-            note = Notification(key=f"k{len(ours_rec.received)}", receiver=am_helper.RECEIVER, kind="alerts",
+            note = Notification(key=f"k{len(ours_rec.requests)}", receiver=am_helper.RECEIVER, kind="alerts",
                                 created_ms=end, group_key="g1", group_labels={"alertname": "VLLMQueueGrowing"},
                                 status="firing" if any(a.status == "firing" for a in in_payload) else "resolved",
                                 alerts=tuple(in_payload), external_url=alertmanager.url)
             await ours.send(note)
-            assert_same_as_alertmanager(am_payload, ours_rec.received[-1].json())
+            assert_same_as_alertmanager(am_payload, ours_rec.requests[-1].json())
 
         def statuses(p: dict[str, Any]) -> list[str]:
             return sorted(a["status"] for a in p["alerts"])
