@@ -20,6 +20,7 @@ import yaml
 
 from agent.diagnose import nccl, oom, planner
 from agent.diagnose.findings import DEFAULT_RUNBOOK_BASE
+from agent.diagnose.xid import XID_TABLE
 
 REPO = Path(__file__).resolve().parents[1]
 RULES_DIR = REPO / "rules"
@@ -213,6 +214,23 @@ def test_no_unfinished_markers_in_rules() -> None:
 RUNBOOKS = sorted(p for p in RUNBOOKS_DIR.glob("*.md") if not RUNBOOK_EXEMPT.match(p.name))
 DIAGNOSIS_RUNBOOKS = sorted(RUNBOOKS_DIR.glob("diagnosis-*.md"))
 FINDING_KINDS = (*oom.KINDS, *nccl.KINDS, *planner.KINDS)
+
+
+def _xids(alertname: str) -> tuple[set[int], set[int]]:
+    """The XIDs an alert's expression names: in its xid=~"..." regexes and its DCGM == comparisons."""
+    expr = next(rule["expr"] for _, rule in ALERTS if rule["alert"] == alertname)
+    regexes = {int(x) for group in re.findall(r'xid=~"([0-9|]+)"', expr) for x in group.split("|")}
+    dcgm = {int(x) for x in re.findall(r"DCGM_FI_DEV_XID_ERRORS == (\d+)", expr)}
+    return regexes, dcgm
+
+
+def test_xid_alerts_agree_with_the_diagnosis_table() -> None:
+    """GPUHardwareXIDError names exactly the XIDs the OOM diagnosis calls hardware (both sources), and
+    GPUApplicationXIDError only XIDs it calls application faults: one table, two consumers."""
+    hardware = {code for code, info in XID_TABLE.items() if info.hardware}
+    assert _xids("GPUHardwareXIDError") == (hardware, hardware)
+    app_regex, app_dcgm = _xids("GPUApplicationXIDError")
+    assert app_regex and app_regex <= set(XID_TABLE) - hardware and app_dcgm <= app_regex
 
 
 def test_every_finding_kind_has_a_runbook() -> None:
