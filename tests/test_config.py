@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,45 @@ def test_redacted_config_round_trips(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, "scrape: {interval: 30s, timeout: 10s, body_limit: 1MiB}\n"))
     again = load_config(_write(tmp_path, yaml.safe_dump(cfg.redacted())))
     assert again == cfg
+
+
+def test_act_secrets_from_files_and_env_are_redacted(tmp_path: Path) -> None:
+    """Slack token, webhook and scale-request HMAC secrets come from *_file/*_env and never print."""
+    token = tmp_path / "slack"
+    token.write_text("xoxb-very-secret-token\n")
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(
+        "receivers:\n"
+        f"  - {{name: s, slack: {{token_file: {token}, channel: '#alerts'}}}}\n"
+        "  - {name: w, webhook: {url: 'https://hooks.example/x', secret_env: HOOK}}\n"
+        "route: {receiver: s}\n"
+        "scaling: {services: [{name: v, webhook: {url: 'http://127.0.0.1:1/scale', secret_env: SCALE}}]}\n"
+    )
+    config = load_config(cfg, {"HOOK": "hook-secret-value", "SCALE": "scale-secret-value"})
+    slack = config.receivers[0].slack
+    hook = config.receivers[1].webhook
+    service_hook = config.scaling.services[0].webhook
+    assert slack is not None and slack.token is not None and slack.token.get_secret_value() == "xoxb-very-secret-token"
+    assert hook is not None and hook.secret is not None and hook.secret.get_secret_value() == "hook-secret-value"
+    assert service_hook is not None and service_hook.secret is not None
+    dumped = json.dumps(config.redacted())
+    for secret in ("xoxb-very-secret-token", "hook-secret-value", "scale-secret-value"):
+        assert secret not in dumped
+    assert dumped.count("**********") == 3
+
+
+def test_act_config_errors_name_the_key(tmp_path: Path) -> None:
+    """Inline Slack tokens, unknown route receivers, bad matchers and impossible scaling bounds are refused."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(
+        "receivers:\n"
+        "  - {name: s, slack: {token: xoxb-inline, channel: '#a'}}\n"
+        "route: {receiver: nobody, routes: [{receiver: s, matchers: ['severity=~\"(\"']}]}\n"
+        "scaling: {services: [{name: v, min_replicas: 5, max_replicas: 2}]}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    text = "\n".join(err.value.errors)
+    assert "receivers[0].slack: token: secrets are not accepted inline" in text
+    assert "route.routes[0].matchers" in text
+    assert "scaling.services[0]: min_replicas (5) > max_replicas (2)" in text
