@@ -62,6 +62,9 @@ def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
 
 
 class ActLayer:
+    """The daemon's act layer: opened (and alert state restored) when the Agent is built, so a
+    bad state path stops start-up; receivers get their HTTP session in :meth:`start`."""
+
     def __init__(self, config: Config, rules: RuleManager, *, clock: Callable[[], float] = time.time,
                  diagnose: DiagnoseHook | None = None, stream: TextIO | None = None) -> None:
         self.config = config
