@@ -40,10 +40,17 @@ from prometheus_client.registry import Collector
 
 from agent.config import Config
 from agent.diagnose import nccl
+from agent.diagnose.evidence import parse_evidence
 from agent.diagnose.findings import Finding, runbook_url
 from agent.diagnose.logtail import LogTailer
 from agent.diagnose.nccl_run import command_from_config, run_nccl
-from agent.diagnose.oom import STEP, OomContext, context_from_store, diagnose_oom
+from agent.diagnose.oom import (
+    DEFAULT_UTILIZATION,
+    OomContext,
+    context_from_store,
+    diagnose_oom,
+    headroom_utilization,
+)
 from agent.errors import DiagnosisError
 from agent.notification import AlertSnapshot
 from agent.store import Store
@@ -124,6 +131,8 @@ class Diagnostics:
         out: list[Finding] = []
         for path, lines in new.items():
             context = self._take_context(path, lines)
+            if not parse_evidence(lines)[0]:  # the usual poll: stats lines, nothing to diagnose
+                continue
             for found in diagnose_oom([*context, *lines], context=self._local_context(now_ms),
                                       runbook_base=self._cfg.runbook_base_url):
                 f = replace(found, labels={**found.labels, "log_file": path})
@@ -187,12 +196,12 @@ class Diagnostics:
 
     def _runtime_finding(self, instance: str, ctx: OomContext, used: int, total: int, t_ms: int, *,
                          went_down: bool) -> Finding:
-        # The advice diagnose_oom gives a runtime OOM whose request size is unknown: give STEP of
+        # The advice diagnose_oom gives a runtime OOM whose request size is unknown: give oom.STEP of
         # the GPU back to activations. (The planner's --max-num-seqs, what fits the KV cache at
         # full length, answers KV-cache pressure; vLLM preallocates the KV cache, so it is not
         # what runs out here.)
-        util = ctx.gpu_memory_utilization or 0.9
-        setting, value = "--gpu-memory-utilization", f"{max(0.5, util - STEP):.2f}"
+        util = ctx.gpu_memory_utilization or DEFAULT_UTILIZATION
+        setting, value = "--gpu-memory-utilization", headroom_utilization(util)
         where = instance or "this host"
         if went_down:
             summary = (f"{where} went down after GPU memory reached {used / total:.0%}: a runtime CUDA OOM is the "

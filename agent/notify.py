@@ -33,15 +33,15 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
 from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding
+from agent.matchers import Matcher
 from agent.notification import AlertSnapshot, Notification, fingerprint, group_key_hash
 from agent.notify_delivery import DeliveryStats, OutboxDelivery
-from agent.routing import Route, Router, group_for, silenced_by
+from agent.routing import Route, Router, active_silences, group_for, muted_by
 from agent.rules import Alert, AlertEvent, AlertState
 from agent.scaling import Scaler
 from agent.sinks import Sink
@@ -118,11 +118,17 @@ class Dispatcher:
                 pending.append(snap)
                 continue
             snaps[snap.fingerprint] = snap
+        to_alertmanagers: list[tuple[AlertSnapshot, set[str]]] = []
         for snap in snaps.values():
+            receivers: set[str] = set()
             for route in self._router.routes_for(snap.labels):
-                if self._kinds.get(route.receiver) != "alertmanager":
+                if self._kinds.get(route.receiver) == "alertmanager":
+                    receivers.add(route.receiver)
+                else:
                     self._insert(route, snap, now_ms)
-        self._send_to_alertmanagers(snaps.values(), interval_s=interval_s, now_ms=now_ms)
+            if receivers:
+                to_alertmanagers.append((snap, receivers))
+        self._send_to_alertmanagers(to_alertmanagers, interval_s=interval_s, now_ms=now_ms)
         self._run_actions(events, snaps.values(), pending, now_ms)
 
     def _snapshot(self, alert: Alert) -> AlertSnapshot:
@@ -161,11 +167,12 @@ class Dispatcher:
     def flush_due(self, now_ms: int) -> int:
         """Flush every aggregation group whose timer is due; returns notifications queued."""
         queued = 0
-        silences = self._db.silences(now_ms=now_ms)
-        for gid in list(self._groups):
+        due = [gid for gid, ag in self._groups.items() if ag.next_flush_ms <= now_ms]
+        if not due:
+            return 0
+        silences = active_silences(self._db.silences(now_ms=now_ms), now_ms)  # read and parsed once a round
+        for gid in due:
             ag = self._groups[gid]
-            if ag.next_flush_ms > now_ms:
-                continue
             ag.next_flush_ms = now_ms + int(ag.route.group_interval_s * 1000)
             queued += self._flush(ag, silences, now_ms)
             for fp, snap in list(ag.alerts.items()):  # resolved ones were reported (or never will be)
@@ -175,9 +182,9 @@ class Dispatcher:
                 del self._groups[gid]
         return queued
 
-    def _flush(self, ag: _AggGroup, silences: list[Any], now_ms: int) -> int:
+    def _flush(self, ag: _AggGroup, silences: list[tuple[str, tuple[Matcher, ...]]], now_ms: int) -> int:
         route = ag.route
-        unmuted = [a for a in ag.alerts.values() if not silenced_by(a.labels, silences, now_ms)]  # MuteStage
+        unmuted = [a for a in ag.alerts.values() if not muted_by(a.labels, silences)]  # MuteStage
         firing = [a for a in unmuted if a.status == "firing"]
         resolved = [a for a in unmuted if a.status == "resolved"]
         if not firing and not resolved:  # everything silenced: Alertmanager's MuteStage stops here
@@ -210,11 +217,11 @@ class Dispatcher:
         return 1
 
     # -- Alertmanager receivers (Prometheus' notifier rules) -----------------------------------
-    def _send_to_alertmanagers(self, snaps: Iterable[AlertSnapshot], *, interval_s: float, now_ms: int) -> None:
+    def _send_to_alertmanagers(self, routed: list[tuple[AlertSnapshot, set[str]]], *, interval_s: float,
+                               now_ms: int) -> None:
+        """``routed``: each alert with the Alertmanager receivers its routes reach."""
         batches: dict[str, list[AlertSnapshot]] = {}
-        for snap in snaps:
-            receivers = {r.receiver for r in self._router.routes_for(snap.labels)
-                         if self._kinds.get(r.receiver) == "alertmanager"}
+        for snap, receivers in routed:
             for receiver in receivers:
                 resend_ms = int(self._am_resend_s[receiver] * 1000)
                 k = (receiver, snap.fingerprint)
@@ -240,12 +247,11 @@ class Dispatcher:
         """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
         after an outage the Alertmanager gets each alert's latest state once, not a
         backlog of stale ``endsAt`` values that would flap it."""
-        for item in reversed(self._db.pending(queue)):
-            if self._delivery.sending(queue) == item.id:
-                break
-            old = item.notification()
+        queued = self._db.pending(queue)
+        if queued and self._delivery.sending(queue) != queued[-1].id:
+            old = queued[-1].notification()
             merged = {a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}
-            self._db.replace_payload(item.id, _with_alerts(old, tuple(merged.values())))
+            self._db.replace_payload(queued[-1].id, _with_alerts(old, tuple(merged.values())))
             return
         n = Notification(key=f"{queue}:{now_ms}:{len(alerts)}", receiver=queue, kind="alerts", created_ms=now_ms,
                          status="firing" if any(a.status == "firing" for a in alerts) else "resolved",

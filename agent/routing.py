@@ -40,10 +40,12 @@ __all__ = [
     "Route",
     "Router",
     "SilenceLike",
+    "active_silences",
     "build_route_tree",
     "group_for",
     "match_actions",
     "match_routes",
+    "muted_by",
     "silenced_by",
 ]
 
@@ -186,8 +188,8 @@ def group_for(route: Route, labels: Mapping[str, str]) -> tuple[str, dict[str, s
     return f"{route.path}:{{{body}}}", group
 
 
-def silenced_by(labels: Mapping[str, str], silences: Iterable[SilenceLike], now_ms: int) -> list[str]:
-    """Ids of the silences active at ``now_ms`` whose matchers all match ``labels``.
+def active_silences(silences: Iterable[SilenceLike], now_ms: int) -> list[tuple[str, tuple[Matcher, ...]]]:
+    """The silences in effect at ``now_ms`` as ``(id, parsed matchers)``, parsed once for a flush.
 
     A silence without matchers silences nothing (Alertmanager refuses to create one); one
     with a matcher that does not parse is logged and skipped, so it cannot stop delivery.
@@ -197,13 +199,20 @@ def silenced_by(labels: Mapping[str, str], silences: Iterable[SilenceLike], now_
         if not s.matchers or not s.active(now_ms):
             continue
         try:
-            ms = [parse_matcher(t) for t in s.matchers]
+            out.append((s.id, tuple(parse_matcher(t) for t in s.matchers)))
         except ValueError as exc:
             log.warning("silence skipped, bad matcher", silence_id=s.id, error=str(exc))
-            continue
-        if matches_all(ms, labels):
-            out.append(s.id)
     return out
+
+
+def muted_by(labels: Mapping[str, str], active: Iterable[tuple[str, tuple[Matcher, ...]]]) -> list[str]:
+    """Ids of the :func:`active_silences` whose matchers all match ``labels``."""
+    return [sid for sid, ms in active if matches_all(ms, labels)]
+
+
+def silenced_by(labels: Mapping[str, str], silences: Iterable[SilenceLike], now_ms: int) -> list[str]:
+    """Ids of the silences active at ``now_ms`` whose matchers all match ``labels``."""
+    return muted_by(labels, active_silences(silences, now_ms))
 
 
 def match_actions(actions: Sequence[ActionConfig], labels: Mapping[str, str]) -> list[ActionConfig]:

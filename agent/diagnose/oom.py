@@ -32,7 +32,7 @@ from agent.diagnose.oom_context import OomContext, context_from_store, effective
 from agent.diagnose.xid import xid_info
 from agent.errors import DiagnosisError
 
-__all__ = ["KINDS", "OomContext", "context_from_store", "diagnose_oom", "planner_suggestion"]
+__all__ = ["KINDS", "OomContext", "context_from_store", "diagnose_oom", "headroom_utilization", "planner_suggestion"]
 
 log = structlog.get_logger(__name__)
 
@@ -177,6 +177,12 @@ def _no_blocks(ms: list[Match], ctx: OomContext, base: str) -> Finding:
                     value=value, base=base, details=details)
 
 
+def headroom_utilization(util: float | None, step: float = STEP) -> str:
+    """``--gpu-memory-utilization`` lowered by ``step`` (from vLLM's default when unknown), leaving
+    that share of the GPU to activations: the runtime-OOM advice, whoever detected the OOM."""
+    return f"{max(0.05, round((util or DEFAULT_UTILIZATION) - step, 2)):.2f}"
+
+
 def _runtime(ms: list[Match], ctx: OomContext, eng: EngineConfig, base: str) -> Finding:
     v = next((m.values for m in reversed(ms) if "requested_bytes" in m.values), ms[-1].values)
     details, labels = _torch_numbers(ms), _gpu_label(ms)
@@ -184,7 +190,7 @@ def _runtime(ms: list[Match], ctx: OomContext, eng: EngineConfig, base: str) -> 
     unallocated = v.get("reserved_unallocated_bytes", 0)
     util = ctx.gpu_memory_utilization or DEFAULT_UTILIZATION
     step = max(STEP, math.ceil(requested / total * 100) / 100) if requested and total else STEP  # frees the request
-    lowered = f"{max(0.05, round(util - step, 2)):.2f}"
+    lowered = headroom_utilization(util, step)
     batched = str(max(256, (eng.max_num_batched_tokens or 4096) // 2))  # half; 2048 is vLLM's small-GPU default
     details.update(gpu_memory_utilization=util, gpu_memory_utilization_assumed=ctx.gpu_memory_utilization is None,
                    alternatives=[f"--max-num-seqs {max(1, (ctx.max_num_seqs or 256) // 2)}",
