@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AlertSnapshot", "Notification", "fingerprint", "group_key_hash"]
+__all__ = ["AlertSnapshot", "Notification", "Status", "fingerprint", "group_key_hash"]
 
 Status = Literal["firing", "resolved"]
 Kind = Literal["alerts", "finding", "scale"]

@@ -32,19 +32,20 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
 from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding
 from agent.matchers import Matcher
-from agent.notification import AlertSnapshot, Notification, fingerprint, group_key_hash
+from agent.notification import AlertSnapshot, Notification, Status, fingerprint, group_key_hash
 from agent.notify_delivery import DeliveryStats, OutboxDelivery
 from agent.routing import Route, Router, active_silences, group_for, muted_by
 from agent.rules import Alert, AlertEvent, AlertState
 from agent.scaling import Scaler
 from agent.sinks import Sink
+from agent.sinks.alertmanager import VALIDITY_FACTOR
 from agent.state import NflogEntry, StateDB
 
 __all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher"]
@@ -98,8 +99,7 @@ class Dispatcher:
                              if r.alertmanager is not None}
         self._external_url = config.rules.external_url
         self._groups: dict[tuple[str, str], _AggGroup] = {}
-        self._am_last_sent: dict[tuple[str, str], int] = {}  # (receiver, fingerprint) -> ms
-        self._am_resolved_sent: set[tuple[str, str]] = set()
+        self._am_sent: dict[tuple[str, str], tuple[int, bool]] = {}  # (receiver, fingerprint) -> (ms, as resolved)
 
     def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
         self._diagnose = hook
@@ -220,24 +220,27 @@ class Dispatcher:
     def _send_to_alertmanagers(self, routed: list[tuple[AlertSnapshot, set[str]]], *, interval_s: float,
                                now_ms: int) -> None:
         """``routed``: each alert with the Alertmanager receivers its routes reach."""
+        def resend_ms(receiver: str) -> int:
+            return int(self._am_resend_s[receiver] * 1000)
+
+        # An entry older than its resend delay decides like a missing one: drop it, so the map
+        # holds only alerts sent recently however many label sets come and go.
+        self._am_sent = {k: v for k, v in self._am_sent.items() if now_ms - v[0] <= resend_ms(k[0])}
         batches: dict[str, list[AlertSnapshot]] = {}
         for snap, receivers in routed:
+            resolved = snap.status == "resolved"
             for receiver in receivers:
-                resend_ms = int(self._am_resend_s[receiver] * 1000)
                 k = (receiver, snap.fingerprint)
-                if snap.status == "resolved":
-                    if k in self._am_resolved_sent and now_ms - self._am_last_sent.get(k, 0) <= resend_ms:
+                sent = self._am_sent.get(k)
+                if sent is not None:  # sent within the delay
+                    if not resolved:  # still (or again) firing: nothing new; a later resolve is news
+                        self._am_sent[k] = (sent[0], False)
                         continue
-                    self._am_resolved_sent.add(k)
-                    out = snap
-                else:
-                    self._am_resolved_sent.discard(k)
-                    if now_ms - self._am_last_sent.get(k, -(10**15)) <= resend_ms:
+                    if sent[1]:
                         continue
-                    valid_ms = 4 * int(max(interval_s, self._am_resend_s[receiver]) * 1000)
-                    out = AlertSnapshot(snap.labels, snap.annotations, "firing", snap.starts_at_ms,
-                                        now_ms + valid_ms, snap.value, snap.generator_url, snap.fingerprint)
-                self._am_last_sent[k] = now_ms
+                self._am_sent[k] = (now_ms, resolved)
+                valid_ms = VALIDITY_FACTOR * int(max(interval_s, self._am_resend_s[receiver]) * 1000)
+                out = snap if resolved else replace(snap, ends_at_ms=now_ms + valid_ms)
                 batches.setdefault(receiver, []).append(out)
         for receiver, alerts in batches.items():
             for i, _url in enumerate(self._am_urls[receiver]):
@@ -247,15 +250,14 @@ class Dispatcher:
         """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
         after an outage the Alertmanager gets each alert's latest state once, not a
         backlog of stale ``endsAt`` values that would flap it."""
-        queued = self._db.pending(queue)
-        if queued and self._delivery.sending(queue) != queued[-1].id:
-            old = queued[-1].notification()
-            merged = {a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}
-            self._db.replace_payload(queued[-1].id, _with_alerts(old, tuple(merged.values())))
+        last = self._db.tail(queue)
+        if last is not None and self._delivery.sending(queue) != last.id:
+            old = last.notification()
+            merged = tuple(({a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}).values())
+            self._db.replace_payload(last.id, replace(old, alerts=merged, status=_status(merged)))
             return
         n = Notification(key=f"{queue}:{now_ms}:{len(alerts)}", receiver=queue, kind="alerts", created_ms=now_ms,
-                         status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
-                         alerts=tuple(alerts), external_url=self._external_url)
+                         status=_status(alerts), alerts=tuple(alerts), external_url=self._external_url)
         self._db.enqueue(n, now_ms=now_ms)
 
     # -- actions ------------------------------------------------------------------------------------
@@ -264,33 +266,30 @@ class Dispatcher:
         started = {fingerprint(dict(e.alert.labels)) for e in events if e.kind == "firing"}
         for snap in pending:  # a pending scale-out alert already means "not healthy" for scale-in
             for action in self._router.actions_for(snap.labels):
-                self._mark_unhealthy(action, snap, now_ms)
+                self._scale(action, snap, now_ms, decide=False)
         for snap in snaps:
             if snap.status != "firing":
                 continue
             for action in self._router.actions_for(snap.labels):
                 if action.type in ("scale_out", "scale_in"):
-                    self._mark_unhealthy(action, snap, now_ms)
-                    self._scale(action, snap, now_ms)
+                    self._scale(action, snap, now_ms, decide=True)
                 elif snap.fingerprint in started and self._diagnose is not None:
                     try:
                         self._diagnose(snap)
                     except Exception:  # a diagnostic must never stop notifications
                         log.exception("diagnosis hook failed", alertname=snap.labels.get("alertname", ""))
 
-    def _mark_unhealthy(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int) -> None:
-        if action.type != "scale_out" or self._scaler is None:
-            return
-        service = self._scaler.service_for(snap.labels, action.service)
-        if service is not None:
-            self._scaler.mark_unhealthy(service.name, now_ms)
-
-    def _scale(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int) -> None:
-        """Every evaluation while the alert fires: the scaler's cooldowns and bounds decide."""
-        if self._scaler is None:
+    def _scale(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int, *, decide: bool) -> None:
+        """A scale-out alert marks its service unhealthy (holding off scale-in); a firing one
+        also asks the scaler every evaluation, whose cooldowns and bounds decide."""
+        if self._scaler is None or action.type not in ("scale_out", "scale_in"):
             return
         service = self._scaler.service_for(snap.labels, action.service)
         if service is None:
+            return
+        if action.type == "scale_out":
+            self._scaler.mark_unhealthy(service.name, now_ms)
+        if not decide:
             return
         decision = self._scaler.decide("out" if action.type == "scale_out" else "in", snap,
                                        service=service.name, now_ms=now_ms)
@@ -342,9 +341,6 @@ class Dispatcher:
         """Wait for deliveries in flight (shutdown, tests)."""
         await self._delivery.drain(timeout_s)
 
-    def outbox_depth(self) -> dict[str, int]:
-        """Queued items per receiver (outbox queue name)."""
-        return self._delivery.outbox_depth()
 
 
 def _needs_update(entry: NflogEntry | None, firing: frozenset[str], resolved: frozenset[str], *,
@@ -361,11 +357,9 @@ def _needs_update(entry: NflogEntry | None, firing: frozenset[str], resolved: fr
     return entry.sent_ms + repeat_ms <= now_ms
 
 
-def _with_alerts(n: Notification, alerts: tuple[AlertSnapshot, ...]) -> Notification:
-    return Notification(key=n.key, receiver=n.receiver, kind=n.kind, created_ms=n.created_ms, group_key=n.group_key,
-                        group_labels=n.group_labels,
-                        status="firing" if any(a.status == "firing" for a in alerts) else "resolved",
-                        alerts=alerts, external_url=n.external_url, finding=n.finding, scale=n.scale)
+def _status(alerts: Iterable[AlertSnapshot]) -> Status:
+    """A batch is firing if any alert in it fires (Alertmanager's group status)."""
+    return "firing" if any(a.status == "firing" for a in alerts) else "resolved"
 
 
 def _num(v: float) -> float | None:

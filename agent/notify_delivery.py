@@ -99,8 +99,8 @@ class OutboxDelivery:
                 self._sending.pop(item.receiver, None)
             if not delivered:
                 return
-            now_ms = int(self._clock() * 1000)
-            item = next((i for i in self._db.due(now_ms) if i.receiver == item.receiver), None)
+            head = self._db.head(item.receiver)
+            item = head if head is not None and head.next_attempt_ms <= int(self._clock() * 1000) else None
 
     def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(receiver, None)
@@ -176,6 +176,3 @@ class OutboxDelivery:
         cap = min(self._notify.retry_max, self._notify.retry_initial * 2 ** min(attempts, 30))
         return int(1000 * (cap / 2 + self._rng() * cap / 2))
 
-    def outbox_depth(self) -> dict[str, int]:
-        """Queued items per receiver (outbox queue name)."""
-        return self._db.outbox_depth()

@@ -178,9 +178,25 @@ class StateDB:
 
     def pending(self, receiver: str | None = None) -> list[OutboxItem]:
         with self._guard("pending") as c:
-            rows = c.execute("SELECT * FROM outbox WHERE ? IS NULL OR receiver = ? ORDER BY id",
-                             (receiver, receiver)).fetchall()
+            if receiver is None:
+                rows = c.execute("SELECT * FROM outbox ORDER BY id").fetchall()
+            else:
+                rows = c.execute("SELECT * FROM outbox WHERE receiver = ? ORDER BY id", (receiver,)).fetchall()
         return [OutboxItem(*r) for r in rows]
+
+    def head(self, receiver: str) -> OutboxItem | None:
+        """The oldest item of one receiver's queue (next to deliver), due or not."""
+        return self._end(receiver, "ASC")
+
+    def tail(self, receiver: str) -> OutboxItem | None:
+        """The newest item of one receiver's queue."""
+        return self._end(receiver, "DESC")
+
+    def _end(self, receiver: str, order: str) -> OutboxItem | None:
+        with self._guard("head/tail") as c:  # order is one of two literals, never user data
+            row = c.execute(f"SELECT * FROM outbox WHERE receiver = ? ORDER BY id {order} LIMIT 1",  # noqa: S608
+                            (receiver,)).fetchone()
+        return OutboxItem(*row) if row is not None else None
 
     def ack(self, item_id: int, *, now_ms: int) -> None:
         with self._write("ack") as c:
