@@ -96,6 +96,7 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1_445_412_480 - 30) == 30.0
     assert parse_retry_after("soon", now=0) is None
     assert parse_retry_after(None, now=0) is None
+    assert parse_retry_after("inf", now=0) is None and parse_retry_after("nan", now=0) is None  # not a delay
 
 
 async def test_alert_payload_shape() -> None:

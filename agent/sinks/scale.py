@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from datetime import UTC
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -32,13 +30,13 @@ from agent.config import ScaleWebhookConfig
 from agent.errors import DeliveryError
 from agent.notification import Notification
 from agent.signing import signature_headers
+from agent.sinks.webhook import parse_retry_after, post_json  # one HTTP delivery policy for every sink
 
 __all__ = ["IDEMPOTENCY_HEADER", "ScaleSink", "parse_retry_after"]
 
 log = structlog.get_logger(__name__)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-_ERROR_BODY_CHARS = 200  # how much of a rejecting receiver's body goes into the error
 
 
 class ScaleSink:
@@ -54,7 +52,6 @@ class ScaleSink:
         self._config = config
         self._session = session
         self._clock = clock
-        self._ssl: bool = config.verify_tls  # False: accept any certificate (self-signed lab receivers)
 
     async def send(self, notification: Notification, *, attempt: int = 0) -> dict[str, Any] | None:
         """POST the scale request once; return the receiver's JSON reply (or None)."""
@@ -73,54 +70,11 @@ class ScaleSink:
         if self._config.secret is not None:
             secret = self._config.secret.get_secret_value().encode()
             headers.update(signature_headers(secret, int(self._clock()), body))
-        timeout = aiohttp.ClientTimeout(total=self._config.timeout)
-        try:
-            async with self._session.post(self._config.url, data=body, headers=headers, timeout=timeout,
-                                          ssl=self._ssl, allow_redirects=False) as resp:  # fmt: skip
-                status = resp.status
-                text = await resp.text(errors="replace")
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"), now=self._clock())
-        except TimeoutError as exc:
-            raise DeliveryError(f"{self.name}: no answer within {self._config.timeout:g}s") from exc
-        except aiohttp.ClientError as exc:
-            raise DeliveryError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
-        if 200 <= status < 300:
-            reply = _json_object(text)
-            log.info("scale request delivered", receiver=self.name, key=key, status=status, attempt=attempt,
-                     replicas=None if reply is None else reply.get("replicas"))  # fmt: skip
-            return reply
-        snippet = text[:_ERROR_BODY_CHARS].strip()
-        message = f"{self.name}: HTTP {status}" + (f": {snippet}" if snippet else "")
-        if status == 429 or status >= 500:
-            raise DeliveryError(message, retry_after_s=retry_after)
-        raise DeliveryError(message, permanent=True)
+        reply = await post_json(self._session, self._config.url, body, headers, timeout_s=self._config.timeout,
+                                verify_tls=self._config.verify_tls, what=self.name, clock=self._clock)
+        log.info("scale request delivered", receiver=self.name, key=key, attempt=attempt,
+                 replicas=None if reply is None else reply.get("replicas"))  # fmt: skip
+        return reply
 
     async def close(self) -> None:
         """Nothing to release: the session is the caller's."""
-
-
-def parse_retry_after(value: str | None, *, now: float) -> float | None:
-    """``Retry-After`` (delay seconds or an HTTP date) -> seconds from ``now``; None if absent or bad."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # "-0000": RFC 9110 dates are GMT anyway
-        when = when.replace(tzinfo=UTC)
-    return max(when.timestamp() - now, 0.0)
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    if not text.strip():
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-

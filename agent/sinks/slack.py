@@ -60,13 +60,13 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-import agent
 from agent.config import SlackReceiverConfig
 from agent.errors import DeliveryError
 from agent.notification import Notification, group_key_hash
 from agent.sinks import MessageRefs
 from agent.sinks.slack_api import ChannelLimiter, RateLimitRetry, api_error, retry_after, sdk_logger
 from agent.sinks.slack_blocks import alert_blocks, escape, finding_blocks, scale_blocks, truncate
+from agent.sinks.webhook import user_agent
 
 __all__ = [
     "ALERT_EVENT_TYPE",
@@ -280,16 +280,18 @@ class SlackSink:
     def _web_client(self) -> AsyncWebClient:
         if self._web is None:
             token = self._config.token.get_secret_value() if self._config.token is not None else None
-            self._web = AsyncWebClient(
-                token=token,
-                base_url=self._config.api_url,
-                timeout=max(1, math.ceil(self._config.timeout)),
-                session=self._http(),
-                logger=sdk_logger(),
-                user_agent_prefix=f"sre-agent/{agent.__version__}",
-                retry_handlers=[RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
-            )
+            self._web = AsyncWebClient(token=token, base_url=self._config.api_url, **self._client_options())
         return self._web
+
+    def _client_options(self) -> dict[str, Any]:
+        """What both slack-sdk clients share: timeout, our session and logger, User-Agent, 429 handler."""
+        return {
+            "timeout": max(1, math.ceil(self._config.timeout)),
+            "session": self._http(),
+            "logger": sdk_logger(),
+            "user_agent_prefix": user_agent(),
+            "retry_handlers": [RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
+        }
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -330,12 +332,5 @@ class SlackSink:
     def _webhook_client(self) -> AsyncWebhookClient:
         if self._hook is None:
             url = self._config.webhook_url.get_secret_value() if self._config.webhook_url is not None else ""
-            self._hook = AsyncWebhookClient(
-                url,
-                timeout=max(1, math.ceil(self._config.timeout)),
-                session=self._http(),
-                logger=sdk_logger(),
-                user_agent_prefix=f"sre-agent/{agent.__version__}",
-                retry_handlers=[RateLimitRetry(self._sleep, RATE_LIMIT_RETRIES, MAX_INLINE_RETRY_AFTER_S)],
-            )
+            self._hook = AsyncWebhookClient(url, **self._client_options())
         return self._hook

@@ -13,7 +13,7 @@ keeps slack-sdk from logging request URLs, one of which (an incoming webhook's) 
 from __future__ import annotations
 
 import logging
-import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -23,6 +23,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 
 from agent.errors import DeliveryError
+from agent.sinks.webhook import parse_retry_after
 
 __all__ = ["PERMANENT", "ChannelLimiter", "RateLimitRetry", "api_error", "retry_after", "sdk_logger"]
 
@@ -42,13 +43,7 @@ def retry_after(value: object) -> float | None:
     """``Retry-After`` in seconds (Slack always sends delay-seconds); None when absent or bad."""
     if isinstance(value, list):
         value = value[0] if value else None
-    if not isinstance(value, str):
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+    return parse_retry_after(value, time.time()) if isinstance(value, str) else None
 
 
 class RateLimitRetry(AsyncRateLimitErrorRetryHandler):

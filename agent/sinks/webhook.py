@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -130,9 +131,11 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None  # "inf" would overflow the backoff
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
