@@ -113,7 +113,7 @@ class ActLayer:
 
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
         if self.dispatcher is not None:
-            self.dispatcher.post_finding(finding, alert, now_ms=int(self._clock() * 1000))
+            self.dispatcher.post_finding(finding, alert, now_ms=self.now_ms())
 
     async def stop(self) -> None:
         if self.dispatcher is not None:
@@ -138,7 +138,7 @@ class ActLayer:
         matchers = body.get("matchers")
         if not isinstance(matchers, list) or not matchers or not all(isinstance(m, str) for m in matchers):
             raise ValueError("matchers must be a non-empty list of strings like 'alertname=\"X\"'")
-        now_ms = int(self._clock() * 1000)
+        now_ms = self.now_ms()
         if "endsAt" in body:
             ends_ms = int(float(body["endsAt"]) * 1000)
         else:
@@ -152,10 +152,10 @@ class ActLayer:
         return {"silenceID": silence.id}
 
     def expire_silence(self, silence_id: str) -> bool:
-        return self.db.expire_silence(silence_id, now_ms=int(self._clock() * 1000))
+        return self.db.expire_silence(silence_id, now_ms=self.now_ms())
 
     def silences_json(self) -> list[dict[str, Any]]:
-        return [s.to_json() for s in self.db.silences(now_ms=int(self._clock() * 1000), include_expired=True)]
+        return [s.to_json() for s in self.db.silences(now_ms=self.now_ms(), include_expired=True)]
 
 
 class ActCollector(Collector):

@@ -167,7 +167,7 @@ def _kv_too_small(ms: list[Match], no_blocks: list[Match], ctx: OomContext, eng:
 
 def _no_blocks(ms: list[Match], ctx: OomContext, base: str) -> Finding:
     util = ctx.gpu_memory_utilization or DEFAULT_UTILIZATION
-    setting, value = "--gpu-memory-utilization", f"{min(MAX_UTILIZATION, util + STEP):.2f}"
+    setting, value = "--gpu-memory-utilization", raised_utilization(util)
     details: dict[str, Any] = {"gpu_memory_utilization": util,
                                "gpu_memory_utilization_assumed": ctx.gpu_memory_utilization is None}
     if planned := planner_suggestion("gpu-oom-startup-kv-cache", ctx):
@@ -175,6 +175,11 @@ def _no_blocks(ms: list[Match], ctx: OomContext, base: str) -> Finding:
     return _finding("gpu-oom-startup-kv-cache", ms, "Weights and activations left no memory for the KV cache at "
                     f"--gpu-memory-utilization {util}: raise it (or quantize the model).", setting=setting,
                     value=value, base=base, details=details)
+
+
+def raised_utilization(util: float) -> str:
+    """``--gpu-memory-utilization`` raised by STEP for a bigger KV cache, never past MAX_UTILIZATION."""
+    return f"{min(MAX_UTILIZATION, util + STEP):.2f}"
 
 
 def headroom_utilization(util: float | None, step: float = STEP) -> str:
@@ -255,7 +260,7 @@ def _preemption(ms: list[Match], ctx: OomContext, base: str) -> Finding:
     details: dict[str, Any] = {"cumulative_preemptions": total, "gpu_memory_utilization": util,
                                "modes": sorted({m.values["mode"] for m in ms})}
     if util < MAX_UTILIZATION:
-        setting, value = "--gpu-memory-utilization", f"{min(MAX_UTILIZATION, util + STEP):.2f}"
+        setting, value = "--gpu-memory-utilization", raised_utilization(util)
     elif planned := planner_suggestion("kv-cache-preemption", ctx):  # no memory left to give: admit fewer
         setting, value, details["planner"] = planned
     else:  # a quarter fewer sequences when the planner cannot say how many fit
@@ -277,7 +282,8 @@ def planner_suggestion(kind: str, ctx: OomContext) -> tuple[str, str, dict[str, 
         inp = planner.PlanInput(
             model=planner.find_model(ctx.model), tensor_parallel_size=tp, max_model_len=ctx.max_model_len,
             gpu_memory_bytes=ctx.gpu_total_bytes or planner.gpu_memory_bytes(ctx.gpu_name or ""),
-            max_num_seqs=ctx.max_num_seqs or 256, gpu_memory_utilization=ctx.gpu_memory_utilization or 0.9,
+            max_num_seqs=ctx.max_num_seqs or 256,
+            gpu_memory_utilization=ctx.gpu_memory_utilization or DEFAULT_UTILIZATION,
             quantization=quant, kv_cache_dtype=ctx.kv_cache_dtype if ctx.kv_cache_dtype in planner.KV_CACHE_DTYPES
             else "auto")
         if kind == "gpu-oom-startup-weights":
