@@ -23,12 +23,12 @@ from agent import yamlcompat
 from agent.config import parse_duration
 from agent.errors import PromQLError, RuleError, TemplateError, UnsupportedError
 from agent.promql import Expr, metric_names, parse
+from agent.series import is_label_name
 from agent.templating import Template, compile_template
 
 __all__ = ["GroupSpec", "RuleSpec", "load_rule_files", "parse_rule_file"]
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _GROUP_KEYS = {"name", "interval", "limit", "rules"}
 _RULE_KEYS = {"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 
@@ -47,7 +47,6 @@ class RuleSpec:
     annotations: dict[str, str] = field(default_factory=dict)
     label_templates: dict[str, Template] = field(default_factory=dict, compare=False, repr=False)
     annotation_templates: dict[str, Template] = field(default_factory=dict, compare=False, repr=False)
-    index: int = 0  # 1-based position in its group, as promtool counts
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def _rule(raw: object, index: int, group_where: str, errors: list[str]) -> RuleS
     labels = _string_map(raw.get("labels"), f"{where}: labels", errors)
     annotations = _string_map(raw.get("annotations"), f"{where}: annotations", errors)
     for lname in labels:
-        if not _LABEL_NAME.match(lname) or lname == "__name__":
+        if not is_label_name(lname) or lname == "__name__":
             errors.append(f"{where}: invalid label name: {lname!r}")
     expr_text = raw.get("expr")
     expr: Any = None
@@ -189,7 +188,7 @@ def _rule(raw: object, index: int, group_where: str, errors: list[str]) -> RuleS
     if len(errors) > before:
         return None
     return RuleSpec(kind, name, expr_text.strip() if isinstance(expr_text, str) else "", expr, for_s, keep_s,
-                    labels, annotations, label_t, annot_t, index)
+                    labels, annotations, label_t, annot_t)
 
 
 def _string_map(value: object, where: str, errors: list[str]) -> dict[str, str]:

@@ -27,12 +27,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
 from agent.errors import PromQLError, RuleError, TemplateError
-from agent.promql import Engine, Sample, Scalar
+from agent.promql import Engine, Scalar, Vector
 from agent.rulefile import GroupSpec, RuleSpec
 from agent.series import METRIC_NAME, Labels, labels_from
 from agent.store import RoundWriter, Store
@@ -91,12 +91,12 @@ class RuleState:
     """A rule with its runtime state (health, last error, alerts)."""
 
     spec: RuleSpec
+    writer: RoundWriter
     health: str = "unknown"
     last_error: str = ""
     last_eval_ms: int = 0
     eval_seconds: float = 0.0
     alerts: dict[Labels, Alert] = field(default_factory=dict)
-    writer: RoundWriter | None = None
 
 
 @dataclass
@@ -121,7 +121,6 @@ class RuleManager:
         external_labels: Mapping[str, str] | None = None,
         external_url: str = "",
     ) -> None:
-        self.store = store
         self.engine = engine
         self.external_labels = dict(external_labels or {})
         self.external_url = external_url
@@ -160,9 +159,7 @@ class RuleManager:
         result = self.engine.instant(rule.spec.expr, at_ms)
         if isinstance(result, Scalar):
             return [((), result.value)]
-        if not isinstance(result, list):
-            raise RuleError(f"rule result is not a vector or scalar: {type(result).__name__}")
-        return [(s.labels, s.value) for s in result if isinstance(s, Sample)]
+        return [(s.labels, s.value) for s in cast(Vector, result)]  # a vector: the type check above
 
     def _record(self, group: Group, rule: RuleState, at_ms: int) -> None:
         spec = rule.spec
@@ -175,7 +172,6 @@ class RuleManager:
             out[key] = value
         if group.spec.limit and len(out) > group.spec.limit:
             raise RuleError(f"exceeded limit of {group.spec.limit} with {len(out)} series")
-        assert rule.writer is not None
         rule.writer.write(((k, v, at_ms) for k, v in out.items()), at_ms)
 
     def _alert(self, group: Group, rule: RuleState, at_ms: int) -> list[AlertEvent]:
@@ -206,7 +202,7 @@ class RuleManager:
             if alert is not None and alert.state is not AlertState.INACTIVE:
                 alert.value, alert.annotations = value, annotations
                 continue
-            rule.alerts[key] = alert = Alert(key, annotations, value, AlertState.PENDING, at_ms)
+            rule.alerts[key] = Alert(key, annotations, value, AlertState.PENDING, at_ms)
         for key in list(rule.alerts):
             alert = rule.alerts[key]
             if key not in seen:
@@ -244,7 +240,6 @@ class RuleManager:
             base = dict(alert.labels)
             rows.append((labels_from("ALERTS", {**base, "alertstate": alert.state.value}), 1.0, at_ms))
             rows.append((labels_from("ALERTS_FOR_STATE", base), alert.active_at_ms / 1000, at_ms))
-        assert rule.writer is not None
         rule.writer.write(rows, at_ms)
 
     def _render(self, tmpl: Template, labels: dict[str, str], value: float) -> str:

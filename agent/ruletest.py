@@ -119,23 +119,18 @@ def _run_one(test: dict[str, Any], groups: list[Any], eval_interval_s: float) ->
 def _check_alerts(manager: RuleManager, t: dict[str, Any]) -> list[str]:
     name = t["alertname"]
     got = sorted(
-        (_canon(a.labels), sorted(a.annotations.items()))
+        (a.labels, sorted(a.annotations.items()))
         for g in manager.groups for r in g.rules if r.spec.name == name
         for a in r.alerts.values() if a.state is AlertState.FIRING
     )
     want = sorted(
-        (_canon(labels_from(None, {**{str(k): str(v) for k, v in (e.get("exp_labels") or {}).items()},
-                                   "alertname": name})),
+        (labels_from(None, {**{str(k): str(v) for k, v in (e.get("exp_labels") or {}).items()}, "alertname": name}),
          sorted((str(k), str(v)) for k, v in (e.get("exp_annotations") or {}).items()))
         for e in t.get("exp_alerts") or []
     )
     if got == want:
         return []
     return [f"alertname: {name}, time: {t['eval_time']},\n    exp:{_fmt_alerts(want)},\n    got:{_fmt_alerts(got)}"]
-
-
-def _canon(labels: Labels) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(labels))
 
 
 def _fmt_alerts(alerts: list[Any]) -> str:
@@ -168,7 +163,7 @@ def _same_samples(got: list[tuple[Labels, float]], want: list[tuple[Labels, floa
     if len(got) != len(want):
         return False
     for (gl, gv), (wl, wv) in zip(sorted(got, key=lambda s: s[0]), sorted(want, key=lambda s: s[0]), strict=True):
-        if _canon(gl) != _canon(wl):
+        if gl != wl:
             return False
         if gv != wv:  # exact, NaN never equal: promtool compares with reflect.DeepEqual
             return False

@@ -11,6 +11,7 @@ A tuple is hashable and cheap to compare, so it is the series identity.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ __all__ = [
     "STALE_NAN",
     "Labels",
     "Sample",
+    "is_label_name",
     "is_stale",
     "labels_from",
     "labels_get",
@@ -37,6 +39,14 @@ _STALE_BYTES = struct.pack("<Q", _STALE_BITS)
 STALE_NAN: float = struct.unpack("<d", _STALE_BYTES)[0]
 
 Labels = tuple[tuple[str, str], ...]
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def is_label_name(name: str) -> bool:
+    """Whether ``name`` is a valid Prometheus label name (``[a-zA-Z_][a-zA-Z0-9_]*``,
+    ASCII only, the whole string)."""
+    return _LABEL_NAME.fullmatch(name) is not None
 
 
 def is_stale(value: float) -> bool:

@@ -23,13 +23,13 @@ from datetime import UTC, datetime, timedelta
 
 from agent.errors import TemplateError
 from agent.gofmt import format_float, quote, shortest, sprintf
+from agent.promql.regex import expand
 from agent.template_values import MAP, ROOT, Value, go_type, truth
 
 __all__ = ["FUNCS", "SIGNATURES", "go_regexp"]
 
 _FLOAT_SYNTAX = re.compile(r"[+-]?(?:inf(?:inity)?|(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)|nan", re.I)
 _NOT_RE2 = re.compile(r"\(\?(?:[=!#>(<]|P=)|\[\[:|[*+?}]\+")
-_GROUP_REF = re.compile(r"\$(?:(\$)|\{(\w+)\}|(\w+))")
 
 
 def _to_float(v: Value) -> float:
@@ -173,27 +173,13 @@ def go_regexp(pattern: str) -> re.Pattern[str]:
         raise TemplateError(f"regexp {pattern!r}: {exc}") from exc
 
 
-def _expand(template: str, m: re.Match[str]) -> str:
-    """Go's Regexp.Expand: ``$1``, ``${1}``, ``$name``, ``$$``; an unknown group is empty (so ``$1x`` is too)."""
-
-    def one(ref: re.Match[str]) -> str:
-        if ref.group(1):
-            return "$"
-        name = ref.group(2) or ref.group(3)
-        if re.fullmatch(r"0|[1-9][0-9]{0,8}", name):
-            return (m.group(int(name)) or "") if int(name) <= m.re.groups else ""
-        return (m.group(name) or "") if name in m.re.groupindex else ""
-
-    return _GROUP_REF.sub(one, template)
-
-
 def _re_replace_all(pattern: str, repl: str, text: str) -> str:
     """Go's ReplaceAllString: an empty match right after a previous match is not replaced."""
     rx, out, last, pos = go_regexp(pattern), list[str](), 0, 0
     while pos <= len(text) and (m := rx.search(text, pos)) is not None:
         out.append(text[last:m.start()])
         if m.end() > last or m.start() == 0:
-            out.append(_expand(repl, m))
+            out.append(expand(repl, m))
         last, pos = m.end(), max(m.end(), pos + 1)
     return "".join(out) + text[last:]
 

@@ -16,54 +16,16 @@ does, into the named label.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
+from agent import gofmt
 from agent.errors import PromQLError
-from agent.promql.gomath import format_float, format_g, int64_ok
+from agent.promql.gomath import format_float, int64_ok
 from agent.promql.nodes import Aggregate
 from agent.promql.rangefuncs import quantile
-from agent.promql.values import Memo, Vec
-from agent.series import METRIC_NAME, Labels
+from agent.promql.values import Memo, Vec, group_key_fn, group_keys
+from agent.series import Labels, is_label_name
 
 __all__ = ["aggregate"]
-
-_LABEL_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-def _key_fn(without: bool, grouping: tuple[str, ...]) -> Callable[[Labels], Labels]:
-    if without:
-        skip = frozenset(grouping) | {METRIC_NAME}
-        return lambda ls: tuple(p for p in ls if p[0] not in skip)
-    if not grouping:
-        return lambda ls: ()
-    if len(grouping) == 1:
-        only = grouping[0]
-
-        def one(ls: Labels) -> Labels:
-            for p in ls:
-                if p[0] == only:
-                    return (p,)
-            return ()
-
-        return one
-    keep = frozenset(grouping)
-    return lambda ls: tuple(p for p in ls if p[0] in keep)
-
-
-#: One memo of group keys per grouping (``without``, labels); distinct groupings come
-#: from distinct queries, so the limit only matters for a stream of ad-hoc queries.
-_KEY_MEMOS: dict[tuple[bool, tuple[str, ...]], Memo[Labels, Labels]] = {}
-_KEY_MEMOS_LIMIT = 256
-
-
-def _group_keys(without: bool, grouping: tuple[str, ...]) -> Memo[Labels, Labels]:
-    """The memo of a grouping's keys: ``keys[labels]`` is the group key of ``labels``."""
-    memo = _KEY_MEMOS.get((without, grouping))
-    if memo is None:
-        if len(_KEY_MEMOS) >= _KEY_MEMOS_LIMIT:
-            _KEY_MEMOS.clear()
-        memo = _KEY_MEMOS[(without, grouping)] = Memo(_key_fn(without, grouping))
-    return memo
 
 
 def aggregate(node: Aggregate, vec: Vec, param: float | str | None) -> Vec:
@@ -71,7 +33,7 @@ def aggregate(node: Aggregate, vec: Vec, param: float | str | None) -> Vec:
     if op == "count_values":
         assert isinstance(param, str)
         return _count_values(node, vec, param)
-    keys = _group_keys(node.without, node.grouping)
+    keys = group_keys(node.without, node.grouping)
     if op == "sum":
         sums: dict[Labels, float] = {}
         get = sums.get
@@ -158,7 +120,7 @@ def _variance(sqrt: bool, keys: Memo[Labels, Labels], vec: Vec) -> Vec:
 
 def _top(largest: bool, param: float, members: dict[Labels, Vec]) -> Vec:
     if not int64_ok(param):
-        raise PromQLError(f"Scalar value {format_g(param)} overflows int64")
+        raise PromQLError(f"Scalar value {gofmt.format_float(param, '', None, None, 'v')} overflows int64")
     k = int(param)
     if k < 1:
         return []
@@ -173,10 +135,10 @@ def _top(largest: bool, param: float, members: dict[Labels, Vec]) -> Vec:
 
 
 def _count_values(node: Aggregate, vec: Vec, label: str) -> Vec:
-    if not label or label[0].isdigit() or not set(label) <= _LABEL_NAME_CHARS:
+    if not is_label_name(label):
         raise PromQLError(f'invalid label name "{label}"')
     grouping = node.grouping if node.without else (*node.grouping, label)
-    key = _key_fn(node.without, grouping)
+    key = group_key_fn(node.without, grouping)
     counts: dict[Labels, float] = {}
     for ls, v in vec:
         labelled = tuple(sorted([*(p for p in ls if p[0] != label), (label, format_float(v))]))

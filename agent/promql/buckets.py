@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 
 from agent.promql.gomath import div, parse_float
-from agent.promql.values import Memo, Vec, check_unique
-from agent.series import METRIC_NAME, Labels
+from agent.promql.values import Memo, Vec, check_unique, group_keys
+from agent.series import Labels
 
 __all__ = ["bucket_quantile", "histogram_quantile"]
 
@@ -38,11 +38,11 @@ def _bucket_of(labels: Labels) -> tuple[Labels, float] | None:
     return tuple(p for p in labels if p[0] != BUCKET_LABEL), bound
 
 
-#: Label set -> (group key, bound), and group key -> result labels (no ``__name__``):
-#: memoised because a rule sees the same buckets every interval, and since the group
-#: keys come out of the first memo as the same objects, the second one hits by identity.
+#: Label set -> (group key, bound), memoised because a rule sees the same buckets every
+#: interval; the result labels (the group key less ``__name__``) come from the shared
+#: ``group_keys(True, ())`` memo, which hits by identity since the group keys come out of
+#: this one as the same objects.
 _BUCKETS: Memo[Labels, tuple[Labels, float] | None] = Memo(_bucket_of)
-_RESULT_LABELS: Memo[Labels, Labels] = Memo(lambda key: tuple(p for p in key if p[0] != METRIC_NAME))
 
 
 def histogram_quantile(q: float, vec: Vec) -> Vec:
@@ -59,7 +59,7 @@ def histogram_quantile(q: float, vec: Vec) -> Vec:
             groups[key] = [(bound, value)]
         else:
             bucket.append((bound, value))
-    result_labels = _RESULT_LABELS
+    result_labels = group_keys(True, ())
     out: Vec = [(result_labels[key], bucket_quantile(q, buckets)) for key, buckets in groups.items()]
     return check_unique(out) if len(out) > 1 else out
 

@@ -31,7 +31,7 @@ markers; ``offset`` shifts both back, ``@`` pins the time; a subquery
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from agent.errors import PromQLError
@@ -120,17 +120,8 @@ class Engine:
             raise PromQLError("zero or negative query resolution step widths are not accepted")
         if end_ms < start_ms:
             raise PromQLError("end timestamp must not be before start time")
-        ev = _Evaluation(self, start_ms, end_ms)
-        acc: dict[Labels, tuple[list[int], list[float]]] = {}
-        for t in range(start_ms, end_ms + 1, step_ms):
-            raw = ev.eval(e.root, t)
-            for labels, v in [((), raw)] if e.type == "scalar" else raw:
-                points = acc.get(labels)
-                if points is None:
-                    points = acc[labels] = ([], [])
-                points[0].append(t)
-                points[1].append(v)
-        return [MatrixSeries(labels, ts, vs) for labels, (ts, vs) in sorted(acc.items())]
+        series = _Evaluation(self, start_ms, end_ms).series(e.root, range(start_ms, end_ms + 1, step_ms))
+        return [MatrixSeries(labels, ts, vs) for labels, (ts, vs) in sorted(series.items())]
 
 
 class _Evaluation:
@@ -158,6 +149,22 @@ class _Evaluation:
     def eval(self, node: Node, ts: int) -> Any:
         return self._dispatch[type(node)](node, ts)
 
+    def series(self, node: Node, times: Iterable[int]) -> dict[Labels, tuple[list[int], list[float]]]:
+        """``node`` (a vector or scalar) evaluated at each of ``times``: each label set's
+        timestamps and values, label sets in order of first appearance (a scalar is the
+        one unlabelled series)."""
+        acc: dict[Labels, tuple[list[int], list[float]]] = {}
+        scalar = node.type == "scalar"
+        for t in times:
+            raw = self.eval(node, t)
+            for labels, v in [((), raw)] if scalar else raw:
+                points = acc.get(labels)
+                if points is None:
+                    points = acc[labels] = ([], [])
+                points[0].append(t)
+                points[1].append(v)
+        return acc
+
     # -- selectors --------------------------------------------------------------
     def _ref(self, at: At | None, ts: int) -> int:
         if at is None:
@@ -183,18 +190,8 @@ class _Evaluation:
         step = node.step_ms or self.sub_step
         mint = end - node.range_ms
         first = -(-mint // step) * step  # the first multiple of the step >= mint
-        acc: dict[Labels, tuple[list[int], list[float]]] = {}
-        inner = node.expr
-        scalar = inner.type == "scalar"
-        for t in range(first, end + 1, step):
-            raw = self.eval(inner, t)
-            for labels, v in [((), raw)] if scalar else raw:
-                points = acc.get(labels)
-                if points is None:
-                    points = acc[labels] = ([], [])
-                points[0].append(t)
-                points[1].append(v)
-        return [(labels, tv[0], tv[1]) for labels, tv in acc.items()], mint, end
+        series = self.series(node.expr, range(first, end + 1, step))
+        return [(labels, ts, vs) for labels, (ts, vs) in series.items()], mint, end
 
     def _range_input(self, node: Node, ts: int) -> tuple[list[Window], int, int]:
         if isinstance(node, MatrixSel):

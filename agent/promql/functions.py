@@ -12,7 +12,6 @@ functions drop it; ``sort``, ``label_replace`` and ``label_join`` keep it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from collections.abc import Callable
@@ -24,15 +23,13 @@ from agent.errors import PromQLError
 from agent.promql.buckets import histogram_quantile
 from agent.promql.gomath import UNARY, div, floor, fmax, fmin, int64_ok
 from agent.promql.nodes import VectorSel
-from agent.promql.regex import to_python
+from agent.promql.regex import expand, to_python
 from agent.promql.values import Vec, check_unique, drop_names
-from agent.series import METRIC_NAME, Labels
+from agent.series import METRIC_NAME, Labels, is_label_name
 
 __all__ = ["FUNCTIONS", "InstantFn", "absent_labels", "trunc_div"]
 
 InstantFn = Callable[[list[Any], int], "Vec | float"]
-
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
 def trunc_div(a: int, b: int) -> int:
@@ -88,58 +85,25 @@ def _regex(text: str) -> re.Pattern[str]:
         raise PromQLError(f"invalid regular expression in label_replace(): {text}") from exc
 
 
-_TEMPLATE_NAME = re.compile(r"\$(?:\{(\w+)\}|(\w+))", re.UNICODE)
-
-
-def _expand(template: str, match: re.Match[str]) -> str:
-    """Go's ``Regexp.ExpandString``: ``$1``/``${1}``/``$name``/``${name}``, ``$$`` is a
-    dollar, an unknown group or malformed reference expands to nothing (``$1x`` means
-    group ``1x``, not group 1 then "x")."""
-    out: list[str] = []
-    i = 0
-    while True:
-        j = template.find("$", i)
-        if j < 0:
-            out.append(template[i:])
-            return "".join(out)
-        out.append(template[i:j])
-        if template.startswith("$$", j):
-            out.append("$")
-            i = j + 2
-            continue
-        m = _TEMPLATE_NAME.match(template, j)
-        if m is None:
-            out.append("$")
-            i = j + 1
-            continue
-        name = m.group(1) or m.group(2)
-        i = m.end()
-        group: str | int = name
-        if name.isascii() and name.isdigit() and (name == "0" or not name.startswith("0")) and len(name) <= 9:
-            group = int(name)
-        with contextlib.suppress(IndexError):  # no such group: expands to nothing, as in Go
-            out.append(match.group(group) or "")
-
-
 def _label_replace(args: list[Any], ts: int) -> Vec:
     vec, dst, repl, src, regex = args
     pattern = _regex(regex)
-    if not _LABEL_NAME.match(dst):
+    if not is_label_name(dst):
         raise PromQLError(f"invalid destination label name in label_replace(): {dst}")
     out: Vec = []
     for labels, v in vec:
         value = next((lv for ln, lv in labels if ln == src), "")
         m = pattern.fullmatch(value)
-        out.append((labels if m is None else _set_label(labels, dst, _expand(repl, m)), v))
+        out.append((labels if m is None else _set_label(labels, dst, expand(repl, m)), v))
     return check_unique(out)
 
 
 def _label_join(args: list[Any], ts: int) -> Vec:
     vec, dst, sep, *srcs = args
     for src in srcs:
-        if not _LABEL_NAME.match(src):
+        if not is_label_name(src):
             raise PromQLError(f"invalid source label name in label_join(): {src}")
-    if not _LABEL_NAME.match(dst):
+    if not is_label_name(dst):
         raise PromQLError(f"invalid destination label name in label_join(): {dst}")
     out: Vec = []
     for labels, v in vec:

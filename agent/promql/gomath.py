@@ -21,7 +21,6 @@ __all__ = [
     "fmax",
     "fmin",
     "format_float",
-    "format_g",
     "int64_ok",
     "mod",
     "parse_float",
@@ -183,27 +182,6 @@ def format_float(x: float) -> str:
     if math.isinf(x):
         return "+Inf" if x > 0 else "-Inf"
     return format(Decimal(repr(x)).normalize(), "f")
-
-
-def format_g(x: float) -> str:
-    """Go's ``%v`` for a float64 (shortest digits, an exponent below 1e-4 or from 1e6
-    up), as Prometheus' error messages print values."""
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    if x == 0:
-        return "-0" if math.copysign(1.0, x) < 0 else "0"
-    sign, digits, exp = Decimal(repr(x)).normalize().as_tuple()
-    assert isinstance(exp, int)
-    text = "".join(map(str, digits))
-    e10 = len(text) + exp - 1
-    if e10 < -4 or e10 >= 6:
-        mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
-        body = f"{mantissa}e{'-' if e10 < 0 else '+'}{abs(e10):02d}"
-    else:
-        body = format(Decimal(repr(abs(x))).normalize(), "f")
-    return ("-" if sign else "") + body
 
 
 _INF_WORDS = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from agent.errors import PromQLError
 from agent.promql.gomath import div, mod, pow_
 from agent.promql.nodes import Binary
-from agent.promql.values import Memo, Vec, drop_name, drop_names
+from agent.promql.values import Vec, drop_name, drop_names, group_keys
 from agent.series import METRIC_NAME, Labels
 
 __all__ = ["ARITHMETIC", "COMPARISON", "scalar_binop", "vector_binop", "vector_scalar_binop"]
@@ -73,29 +73,10 @@ def vector_scalar_binop(op: str, vec: Vec, scalar: float, scalar_left: bool, ret
     return drop_names(pairs) if op in _DROPS_NAME else pairs
 
 
-def _signature_fn(on: bool, labels: tuple[str, ...]) -> Callable[[Labels], Labels]:
-    if on:
-        keep = frozenset(labels)
-        return lambda ls: tuple(p for p in ls if p[0] in keep)
-    if not labels:
-        return drop_name
-    skip = frozenset(labels) | {METRIC_NAME}
-    return lambda ls: tuple(p for p in ls if p[0] not in skip)
-
-
-#: Memoised match signatures per matching (``on``, labels): the operands of a rule's
-#: binary operator carry the same label sets every interval.
-_SIGNATURES: dict[tuple[bool, tuple[str, ...]], Memo[Labels, Labels]] = {}
-_SIGNATURES_LIMIT = 256
-
-
 def _signature(node: Binary) -> Callable[[Labels], Labels]:
-    memo = _SIGNATURES.get((node.on, node.labels))
-    if memo is None:
-        if len(_SIGNATURES) >= _SIGNATURES_LIMIT:
-            _SIGNATURES.clear()
-        memo = _SIGNATURES[(node.on, node.labels)] = Memo(_signature_fn(node.on, node.labels))
-    return memo.__getitem__
+    """The memoised match signature of an operand's label set: ``on(...)`` keeps the
+    listed labels, ``ignoring(...)`` (or neither) drops them and ``__name__``."""
+    return group_keys(not node.on, node.labels).__getitem__
 
 
 def _fmt(labels: Labels) -> str:

@@ -15,15 +15,23 @@ they stand; the differences that matter in practice are rewritten here:
 
 What has no Python equivalent (``\\pL`` Unicode classes, the ``U`` flag) is left for
 ``re`` to reject, so the expression fails to load instead of matching differently.
+
+:func:`expand` is Go's ``Regexp.Expand``, the replacement syntax of both
+``label_replace`` and the template function ``reReplaceAll``.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["to_python"]
+__all__ = ["expand", "to_python"]
 
 _FLAGS_ONLY = re.compile(r"\(\?([imsU]*(?:-[imsU]*)?)\)")
+#: A reference in a replacement: ``$$``, ``${name}`` or ``$name`` (Go reads a name as
+#: letters, digits and ``_``, as far as they go).
+_GROUP_REF = re.compile(r"\$(?:(\$)|\{(\w+)\}|(\w+))")
+#: A name Go reads as a group number: no leading zero, at most 9 digits.
+_GROUP_NUMBER = re.compile(r"0|[1-9][0-9]{0,8}")
 _POSIX = {
     "alnum": "0-9A-Za-z",
     "alpha": "A-Za-z",
@@ -119,3 +127,20 @@ def _translate(p: str) -> str:
 def to_python(pattern: str) -> str:
     """``pattern`` (Go syntax) as an equivalent Python pattern; see the module docstring."""
     return f"(?-s:{_translate(pattern)})"
+
+
+def expand(template: str, match: re.Match[str]) -> str:
+    """Go's ``Regexp.Expand``: ``$1``/``${1}``/``$name``/``${name}`` become the group's
+    text, ``$$`` a dollar; an unknown group, or one that did not take part, expands to
+    nothing (``$1x`` means group ``1x``, not group 1 then "x"); a ``$`` that starts no
+    reference (``${``, ``$-``) stays as it is."""
+
+    def one(ref: re.Match[str]) -> str:
+        if ref.group(1):
+            return "$"
+        name = ref.group(2) or ref.group(3)
+        if _GROUP_NUMBER.fullmatch(name):
+            return (match.group(int(name)) or "") if int(name) <= match.re.groups else ""
+        return (match.group(name) or "") if name in match.re.groupindex else ""
+
+    return _GROUP_REF.sub(one, template)

@@ -33,6 +33,8 @@ __all__ = [
     "check_unique",
     "drop_name",
     "drop_names",
+    "group_key_fn",
+    "group_keys",
 ]
 
 
@@ -115,6 +117,49 @@ def drop_name(labels: Labels) -> Labels:
         if k == METRIC_NAME:
             return labels[:i] + labels[i + 1 :]
     return labels
+
+
+def group_key_fn(without: bool, names: tuple[str, ...]) -> Callable[[Labels], Labels]:
+    """The label set that groups (or matches) ``labels``: only ``names`` (``by``/``on``),
+    or all but ``names`` and ``__name__`` (``without``/``ignoring``). Built straight from
+    the sorted label tuple, so the result is sorted too; ``without ()`` is plain
+    :func:`drop_name`, the common case of binary operators."""
+    if without:
+        if not names:
+            return drop_name
+        skip = frozenset(names) | {METRIC_NAME}
+        return lambda ls: tuple(p for p in ls if p[0] not in skip)
+    if not names:
+        return lambda ls: ()
+    if len(names) == 1:
+        only = names[0]
+
+        def one(ls: Labels) -> Labels:
+            for p in ls:
+                if p[0] == only:
+                    return (p,)
+            return ()
+
+        return one
+    keep = frozenset(names)
+    return lambda ls: tuple(p for p in ls if p[0] in keep)
+
+
+#: One memo per grouping (``without``, names), shared by aggregations, vector matching and
+#: ``histogram_quantile``; distinct groupings come from distinct queries, so the limit
+#: only matters for a stream of ad-hoc queries.
+_GROUP_KEYS: dict[tuple[bool, tuple[str, ...]], Memo[Labels, Labels]] = {}
+_GROUP_KEYS_LIMIT = 256
+
+
+def group_keys(without: bool, names: tuple[str, ...]) -> Memo[Labels, Labels]:
+    """The memo of :func:`group_key_fn`: ``keys[labels]`` is the group key of ``labels``."""
+    memo = _GROUP_KEYS.get((without, names))
+    if memo is None:
+        if len(_GROUP_KEYS) >= _GROUP_KEYS_LIMIT:
+            _GROUP_KEYS.clear()
+        memo = _GROUP_KEYS[(without, names)] = Memo(group_key_fn(without, names))
+    return memo
 
 
 def drop_names(pairs: Iterable[tuple[Labels, float]]) -> Vec:
