@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AlertSnapshot", "Notification", "Status", "fingerprint", "group_key_hash"]
+__all__ = ["AlertSnapshot", "Notification", "Status", "fingerprint", "group_key_hash", "json_number"]
 
 Status = Literal["firing", "resolved"]
 Kind = Literal["alerts", "finding", "scale"]
+
+
+def json_number(v: float) -> float | None:
+    """A sample value for a JSON body: NaN and infinities are not JSON, so they go out as null."""
+    return float(v) if math.isfinite(v) else None
 
 
 def fingerprint(labels: Mapping[str, str]) -> str:

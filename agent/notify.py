@@ -28,7 +28,6 @@ log is written when a notification is queued (the outbox makes "queued" as good 
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,7 +38,7 @@ import structlog
 from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding
 from agent.matchers import Matcher
-from agent.notification import AlertSnapshot, Notification, Status, fingerprint, group_key_hash
+from agent.notification import AlertSnapshot, Notification, Status, fingerprint, group_key_hash, json_number
 from agent.notify_delivery import DeliveryStats, OutboxDelivery
 from agent.routing import Route, Router, active_silences, group_for, muted_by
 from agent.rules import Alert, AlertEvent, AlertState
@@ -149,7 +148,8 @@ class Dispatcher:
                     self._db.open_incident(fingerprint=fp, alertname=e.rule, labels=labels,
                                            severity=labels.get("severity", ""),
                                            summary=e.alert.annotations.get("summary", ""), started_ms=e.at_ms)
-                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="fired", detail={"value": _num(e.alert.value)})
+                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="fired",
+                                                detail={"value": json_number(e.alert.value)})
             elif e.kind == "resolved":
                 with self._db.transaction():
                     self._db.add_incident_event(fp, at_ms=e.at_ms, kind="resolved", detail={})
@@ -362,5 +362,3 @@ def _status(alerts: Iterable[AlertSnapshot]) -> Status:
     return "firing" if any(a.status == "firing" for a in alerts) else "resolved"
 
 
-def _num(v: float) -> float | None:
-    return v if math.isfinite(v) else None

@@ -34,7 +34,7 @@ import structlog
 from agent.errors import PromQLError, RuleError, TemplateError
 from agent.promql import Engine, Scalar, Vector
 from agent.rulefile import GroupSpec, RuleSpec
-from agent.series import METRIC_NAME, Labels, labels_from
+from agent.series import METRIC_NAME, Labels, iso_ms, labels_from
 from agent.store import RoundWriter, Store
 from agent.templating import Template
 
@@ -70,7 +70,7 @@ class Alert:
             "labels": dict(self.labels),
             "annotations": dict(self.annotations),
             "state": self.state.value,
-            "activeAt": _iso(self.active_at_ms),
+            "activeAt": iso_ms(self.active_at_ms),
             "value": _go_float(self.value),
         }
 
@@ -326,7 +326,7 @@ class RuleManager:
                 item: dict[str, Any] = {
                     "name": s.name, "query": s.expr_text, "labels": s.labels, "health": r.health,
                     "lastError": r.last_error, "evaluationTime": r.eval_seconds,
-                    "lastEvaluation": _iso(r.last_eval_ms) if r.last_eval_ms else None,
+                    "lastEvaluation": iso_ms(r.last_eval_ms) if r.last_eval_ms else None,
                 }
                 if s.kind == "alert":
                     active = [a for a in r.alerts.values() if a.state is not AlertState.INACTIVE]
@@ -339,15 +339,11 @@ class RuleManager:
                 rules.append(item)
             out.append({"name": g.spec.name, "file": g.spec.file, "interval": g.interval_s, "rules": rules,
                         "evaluationTime": g.eval_seconds,
-                        "lastEvaluation": _iso(g.last_eval_ms) if g.last_eval_ms else None})
+                        "lastEvaluation": iso_ms(g.last_eval_ms) if g.last_eval_ms else None})
         return out
 
 
 _STATE_ORDER = [AlertState.INACTIVE, AlertState.PENDING, AlertState.FIRING]
-
-
-def _iso(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def _json_float(v: float) -> float | str:

@@ -35,8 +35,6 @@ receiver reports in its reply (:meth:`Scaler.on_ack`) is the truth.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -45,7 +43,8 @@ import structlog
 
 from agent.config import ScalingConfig, ScalingServiceConfig, format_duration
 from agent.matchers import Matcher, matchers_from, matches_all
-from agent.notification import AlertSnapshot, Notification
+from agent.notification import AlertSnapshot, Notification, json_number
+from agent.series import iso_ms
 from agent.state import ScaleState, StateDB
 
 __all__ = ["Decision", "Direction", "Scaler", "idempotency_key"]
@@ -110,13 +109,13 @@ class _Plan:
                 "name": alert.labels.get("alertname", ""),
                 "labels": dict(alert.labels),
                 "annotations": dict(alert.annotations),
-                "startsAt": _rfc3339(alert.starts_at_ms),
+                "startsAt": iso_ms(alert.starts_at_ms),
                 "fingerprint": alert.fingerprint,
             },
-            "values": {k: _json_number(v) for k, v in {"alert_value": alert.value, **values}.items()},
+            "values": {k: json_number(v) for k, v in {"alert_value": alert.value, **values}.items()},
             "idempotency_key": self.key,
             "dry_run": False,
-            "decided_at": _rfc3339(self.now_ms),
+            "decided_at": iso_ms(self.now_ms),
         }
 
 
@@ -319,11 +318,3 @@ def _reason(alert: AlertSnapshot) -> str:
     return f"{name} {alert.status}: {summary}" if summary else f"{name} {alert.status}"
 
 
-def _rfc3339(ms: int) -> str:
-    """Unix milliseconds -> ``2024-05-01T12:00:00.000Z`` (UTC, as Alertmanager writes times)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
-
-
-def _json_number(v: float) -> float | None:
-    """NaN and infinities are not JSON; they go out as null."""
-    return float(v) if math.isfinite(v) else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ __all__ = [
     "Sample",
     "is_label_name",
     "is_stale",
+    "iso_ms",
     "labels_from",
     "labels_get",
     "labels_str",
@@ -89,3 +91,9 @@ class Sample:
     @property
     def name(self) -> str:
         return labels_get(self.labels, METRIC_NAME)
+
+
+def iso_ms(ms: int) -> str:
+    """A Unix-millisecond timestamp as RFC 3339 UTC with exactly three fraction digits
+    (``2026-11-29T18:40:02.123Z``), the form Prometheus' API and Alertmanager write."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.matchers import parse_matcher
 from agent.notification import Notification
+from agent.series import iso_ms
 
 __all__ = [
     "SCHEMA", "SCHEMA_VERSION", "Incident", "IncidentEvent", "NflogEntry", "OutboxItem", "ScaleState", "Silence",
@@ -57,11 +58,6 @@ CREATE TABLE IF NOT EXISTS incident_events (id INTEGER PRIMARY KEY AUTOINCREMENT
   at_ms INTEGER NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incident_events_inc ON incident_events (incident_id, at_ms);
 """
-
-
-def iso_ms(ms: int) -> str:
-    """Unix ms -> RFC 3339 UTC with milliseconds, as Alertmanager writes times."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -28,6 +27,7 @@ import structlog
 
 from agent.config import AlertmanagerReceiverConfig
 from agent.notification import AlertSnapshot, Notification
+from agent.series import iso_ms
 from agent.sinks.webhook import encode_json, post_json, user_agent
 
 __all__ = ["AlertmanagerSink", "alerts_v2_payload", "format_rfc3339_ms"]
@@ -38,10 +38,7 @@ API_PATH = "/api/v2/alerts"
 VALIDITY_FACTOR = 4  # Prometheus: endsAt = now + 4 × max(eval interval, resend delay) while firing
 
 
-def format_rfc3339_ms(ms: int) -> str:
-    """Unix ms -> ``2026-11-29T18:40:02.123Z``, the form Prometheus sends (always 3 fraction digits)."""
-    secs, frac = divmod(ms, 1000)
-    return datetime.fromtimestamp(secs, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:03d}Z"
+format_rfc3339_ms = iso_ms  # the form Prometheus sends: always 3 fraction digits
 
 
 def alerts_v2_payload(alerts: Iterable[AlertSnapshot], *, now_ms: int | None = None,
