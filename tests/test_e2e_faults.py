@@ -171,10 +171,14 @@ async def test_kill_while_firing_sends_no_second_firing(tmp_path: Path, agents: 
     target.set(1)
     agent = await agents.start(config)
 
-    async def both_notified() -> bool:
-        return bool(hook.accepted_with("firing")) and bool(slack.in_channel(CHANNEL))
+    async def both_acknowledged() -> bool:
+        # Received *and* acknowledged in the agent's outbox. A kill between a receiver's 200 and that
+        # commit is the at-least-once window: the retry then carries the same Idempotency-Key.
+        delivered = bool(hook.accepted_with("firing")) and bool(slack.in_channel(CHANNEL))
+        return delivered and all([await agent.metric("sre_agent_outbox_depth", receiver=r) == 0
+                                  for r in ("hook", "slack")])
 
-    await wait_for(both_notified, what="the firing notification on the webhook and in Slack")
+    await wait_for(both_acknowledged, what="the firing notification acknowledged by the webhook and Slack")
     agent.kill()
     restarted_at = time.time()
     agent = await agents.start(config)
