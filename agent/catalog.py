@@ -67,9 +67,6 @@ class Span:
     first: Version
     last: Version
 
-    def covers(self, version: Version) -> bool:
-        return self.first <= version <= self.last
-
 
 @dataclass(frozen=True, slots=True)
 class Family:
@@ -98,9 +95,6 @@ class Family:
 
     def span(self, track: Track) -> Span | None:
         return next((s for s in self.spans if s.track == track), None)
-
-    def exists_in(self, version: Version, track: Track | None = None) -> bool:
-        return any(s.covers(version) for s in self.spans if track is None or s.track == track)
 
 
 # Rows (";" also separates rows): names | type g/c/h (gauge/counter/histogram) | spans | flags. A span

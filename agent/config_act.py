@@ -140,6 +140,10 @@ class WebhookReceiverConfig(SignedWebhookConfig):
     max_alerts: int = Field(default=0, ge=0)  # 0 = all, like Alertmanager's webhook_config
 
 
+#: The receiver kinds, each a field of :class:`ReceiverConfig`.
+_RECEIVER_KINDS = ("console", "slack", "alertmanager", "webhook")
+
+
 class ReceiverConfig(ConfigModel):
     """A named receiver; exactly one of console, slack, alertmanager, webhook."""
 
@@ -151,15 +155,19 @@ class ReceiverConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ReceiverConfig:
-        kinds = [k for k in ("console", "slack", "alertmanager", "webhook") if getattr(self, k) is not None]
+        kinds = self._kinds()
         if len(kinds) != 1:
-            raise ValueError(f"receiver {self.name!r}: give exactly one of console, slack, alertmanager, "
-                             f"webhook (got {', '.join(kinds) or 'none'})")
+            raise ValueError(f"receiver {self.name!r}: give exactly one of {', '.join(_RECEIVER_KINDS)} "
+                             f"(got {', '.join(kinds) or 'none'})")
         return self
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("console", "slack", "alertmanager", "webhook") if getattr(self, k) is not None)
+        return self._kinds()[0]
+
+    def _kinds(self) -> list[str]:
+        """The receiver kinds this receiver sets (exactly one once validated)."""
+        return [k for k in _RECEIVER_KINDS if getattr(self, k) is not None]
 
 
 class RouteConfig(_Matching):

@@ -13,7 +13,6 @@ the HTTP server and sessions close.
 from __future__ import annotations
 
 import asyncio
-import glob
 import socket
 import time
 import types
@@ -32,7 +31,7 @@ from agent import catalog
 from agent.act import ActCollector, ActLayer
 from agent.config import Config
 from agent.diagnostics import Diagnostics, DiagnosticsCollector
-from agent.discovery import FileSD, all_targets
+from agent.discovery import FileSD, all_targets, expand_globs, static_targets
 from agent.nvml import NvmlSource
 from agent.promql import Engine
 from agent.rulefile import GroupSpec, load_rule_files
@@ -51,14 +50,9 @@ _GC_INTERVAL_S = 60.0
 _LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
 
 
-def rule_paths(patterns: list[str]) -> list[str]:
-    """Expand rule-file globs like Prometheus' ``rule_files``; a plain path that does not
-    exist is kept, so loading reports it by name."""
-    out: list[str] = []
-    for pattern in patterns:
-        matched = sorted(glob.glob(pattern))
-        out.extend(matched or ([] if glob.has_magic(pattern) else [pattern]))
-    return out
+#: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
+#: exist is kept, so loading reports it by name.
+rule_paths = expand_globs
 
 
 def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
@@ -81,7 +75,6 @@ def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList
 class _Stats:
     scrape_cycles: int = 0
     last_cycle_seconds: float = 0.0
-    nvml_available: bool = False
 
 
 class Agent:
@@ -98,7 +91,7 @@ class Agent:
     ) -> None:
         self.config = config
         self._clock = clock
-        groups = load_rule_files(rule_paths(config.rules.files))  # RuleError stops start-up
+        groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
         self.store = Store(int(config.store.retention * 1000), keep_list(config, groups))
         rc = config.rules
         self.engine = Engine(self.store, subquery_step_ms=int(rc.evaluation_interval * 1000))
@@ -115,6 +108,7 @@ class Agent:
             sample_limit=sc.sample_limit, clock=clock,
         )
         self.file_sd = FileSD(config.file_sd, time.monotonic) if config.file_sd else None
+        self._static_targets = static_targets(config.targets)  # the config is frozen: once is enough
         self.nvml: NvmlSource | None = None
         if config.nvml.mode != "false":
             self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
@@ -175,7 +169,7 @@ class Agent:
     # -- jobs ------------------------------------------------------------------------
     async def scrape_cycle(self) -> None:
         t0 = time.perf_counter()
-        self.scraper.set_targets(all_targets(self.config, self.file_sd))
+        self.scraper.set_targets(all_targets(self.config, self.file_sd, static=self._static_targets))
         await self.scraper.scrape_all()
         self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
         self.stats.last_cycle_seconds = time.perf_counter() - t0
@@ -188,7 +182,6 @@ class Agent:
         if not self._nvml_started:
             self._nvml_started = True
             ok = await asyncio.to_thread(nv.start)
-            self.stats.nvml_available = ok
             if not ok and self.config.nvml.mode == "true":  # NvmlSource already warned; say it louder
                 log.error("nvml.enabled is true but NVML is unavailable; continuing without GPU metrics",
                           reason=nv.reason)

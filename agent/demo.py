@@ -25,6 +25,7 @@ from agent.config import Config, bundled_rules_dir
 from agent.daemon import Agent
 from agent.discovery import instance_of
 from agent.promql import Sample
+from agent.series import labels_get
 from agent.simulate.server import Fleet, FleetConfig
 
 __all__ = ["FleetRow", "fleet_rows", "render_view", "run_demo"]
@@ -59,7 +60,7 @@ def _by_instance(agent: Agent, query: str, now_ms: int) -> dict[str, float]:
     result = agent.engine.instant(query, now_ms)
     if not isinstance(result, list):
         return {}
-    return {dict(s.labels).get("instance", ""): s.value for s in result if isinstance(s, Sample)}
+    return {labels_get(s.labels, "instance"): s.value for s in result if isinstance(s, Sample)}
 
 
 def fleet_rows(agent: Agent) -> list[FleetRow]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,9 @@ from pydantic import SecretStr
 from agent import yamlcompat
 from agent.config import Config, FileSDConfig, TargetConfig
 from agent.errors import ConfigError
+from agent.series import labels_get
 
-__all__ = ["FileSD", "TargetSpec", "all_targets", "instance_of", "parse_file_sd", "static_targets"]
+__all__ = ["FileSD", "TargetSpec", "all_targets", "expand_globs", "instance_of", "parse_file_sd", "static_targets"]
 
 log = structlog.get_logger(__name__)
 
@@ -45,11 +46,20 @@ class TargetSpec:
 
     @property
     def job(self) -> str:
-        return dict(self.labels).get("job", "")
+        return labels_get(self.labels, "job")
 
     @property
     def instance(self) -> str:
-        return dict(self.labels).get("instance", "")
+        return labels_get(self.labels, "instance")
+
+
+def expand_globs(patterns: Iterable[str]) -> list[str]:
+    """Each pattern's matches, sorted; a pattern without glob characters that matches
+    nothing is kept as it is, so whoever opens it reports the missing file by name."""
+    out: list[str] = []
+    for pattern in patterns:
+        out.extend(sorted(glob.glob(pattern)) or ([] if glob.has_magic(pattern) else [pattern]))
+    return out
 
 
 def instance_of(url: str) -> str:
@@ -94,11 +104,10 @@ class FileSD:
             force = now - self._last_full[i] >= cfg.refresh_interval
             if force:
                 self._last_full[i] = now
-            for pattern in cfg.files:
-                for path in sorted(glob.glob(pattern)) or ([] if glob.has_magic(pattern) else [pattern]):
-                    key = (i, path)
-                    seen.add(key)
-                    self._load(key, cfg, Path(path), force)
+            for path in expand_globs(cfg.files):
+                key = (i, path)
+                seen.add(key)
+                self._load(key, cfg, Path(path), force)
         for key in set(self._files) - seen:  # a file that was deleted takes its targets with it
             log.info("file_sd file gone; dropping its targets", path=key[1])
             del self._files[key]
@@ -166,9 +175,17 @@ def parse_file_sd(path: Path, job: str) -> list[TargetSpec]:
     return specs
 
 
-def all_targets(config: Config, file_sd: FileSD | None) -> list[TargetSpec]:
-    """Static targets then discovered ones; the first spec for a URL wins."""
+def all_targets(
+    config: Config, file_sd: FileSD | None, *, static: list[TargetSpec] | None = None
+) -> list[TargetSpec]:
+    """Static targets then discovered ones; the first spec for a URL wins.
+
+    ``static``: ``static_targets(config.targets)`` built already; the config is frozen, so a
+    caller that runs every scrape cycle builds it once and passes it here.
+    """
     out: dict[str, TargetSpec] = {}
-    for spec in static_targets(config.targets) + (file_sd.refresh() if file_sd else []):
+    if static is None:
+        static = static_targets(config.targets)
+    for spec in static + (file_sd.refresh() if file_sd else []):
         out.setdefault(spec.url, spec)
     return list(out.values())

@@ -48,6 +48,7 @@ from agent.openmetrics import OpenMetricsScan, check_family
 from agent.textformat import TextScan, text_value_timestamp
 
 __all__ = [
+    "OPENMETRICS_MEDIA_TYPE",
     "MetricFamily",
     "ParsedSample",
     "ScannedSample",
@@ -55,6 +56,9 @@ __all__ = [
     "content_type_is_openmetrics",
     "parse",
 ]
+
+#: The media type (Content-Type without parameters) of OpenMetrics text.
+OPENMETRICS_MEDIA_TYPE = "application/openmetrics-text"
 
 #: What :meth:`Scanner.scan` yields: ``(series_text, value, timestamp_ms)``.
 ScannedSample = tuple[str, float, int | None]
@@ -102,7 +106,7 @@ class MetricFamily:
 
 def content_type_is_openmetrics(content_type: str) -> bool:
     """True when a response's Content-Type is OpenMetrics text (any version/charset)."""
-    return content_type.split(";", 1)[0].strip().lower() == "application/openmetrics-text"
+    return content_type.split(";", 1)[0].strip().lower() == OPENMETRICS_MEDIA_TYPE
 
 
 class Scanner:

@@ -20,7 +20,6 @@ import re
 
 __all__ = [
     "HISTOGRAMS",
-    "METRIC_NAME",
     "NAME_AT",
     "Malformed",
     "go_float",
@@ -36,7 +35,6 @@ _INF = math.inf
 
 #: A metric name at the start of a string (legacy charset, as Prometheus 2.x).
 NAME_AT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME_AT = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 #: A double-quoted label value with backslash escapes, group 1 the raw inside.
 _QUOTED_AT = re.compile(r'"((?:[^"\\]|\\.)*)"', re.DOTALL)

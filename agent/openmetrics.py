@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 from agent.errors import ExpositionError
 from agent.exposition_syntax import (
     HISTOGRAMS,
-    METRIC_NAME,
     NAME_AT,
     Malformed,
     go_float,
@@ -202,7 +201,7 @@ class OpenMetricsScan:
         if not space:
             raise Malformed(f"# {keyword} without a metric name")
         name, space, value = rest.partition(" ")
-        if not METRIC_NAME.fullmatch(name):
+        if not NAME_AT.fullmatch(name):
             raise Malformed(f"invalid metric name {name!r} in # {keyword}")
         if not space:
             raise Malformed(f"# {keyword} {name} needs a space and a value after the name")

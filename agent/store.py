@@ -92,9 +92,6 @@ class Series:
             del self.vals[:cut]
         return cut
 
-    def last(self) -> tuple[int, float] | None:
-        return (self.ts[-1], self.vals[-1]) if self.ts else None
-
     def __len__(self) -> int:
         return len(self.ts)
 
@@ -196,7 +193,6 @@ class Store:
         self._by_name: dict[str, dict[Labels, Series]] = {}
         #: Bumped whenever a series is created or dropped, so readers can cache selections.
         self.generation = 0
-        self.metadata: dict[str, tuple[str, str]] = {}
         self.rejected: dict[AppendResult, int] = {AppendResult.OUT_OF_ORDER: 0, AppendResult.DUPLICATE: 0}
 
     # -- writing ---------------------------------------------------------------
@@ -205,7 +201,10 @@ class Store:
 
     def series(self, labels: Labels) -> Series:
         """The series with exactly these labels, created if new."""
-        name = _name_of(labels)
+        return self._series(_name_of(labels), labels)
+
+    def _series(self, name: str, labels: Labels) -> Series:
+        """:meth:`series` for a caller that has found the metric name already."""
         bucket = self._by_name.get(name)
         if bucket is None:
             bucket = self._by_name[name] = {}
@@ -217,8 +216,7 @@ class Store:
 
     def append(self, labels: Labels, ts_ms: int, value: float) -> AppendResult:
         result = self.series(labels).append(ts_ms, value)
-        if result is not AppendResult.OK:
-            self.rejected[result] += 1
+        self.note_rejected(result)
         return result
 
     def note_rejected(self, result: AppendResult) -> None:
@@ -302,13 +300,16 @@ class RoundWriter:
         self._last: set[Labels] = set()
 
     def write(self, samples: Iterable[tuple[Labels, float, int]], now_ms: int) -> int:
+        store = self._store
+        wants = store.wants if self._filter else None
         seen: set[Labels] = set()
         for labels, value, ts in samples:
-            if not self._filter or self._store.wants(_name_of(labels)):
-                self._store.append(labels, ts, value)
+            name = _name_of(labels)
+            if wants is None or wants(name):
+                store.note_rejected(store._series(name, labels).append(ts, value))
                 seen.add(labels)
         for labels in self._last - seen:
-            self._store.series(labels).mark_stale(now_ms)
+            store.series(labels).mark_stale(now_ms)
         self._last = seen
         return len(seen)
 

@@ -30,7 +30,6 @@ class CycleStats(Protocol):
 
     scrape_cycles: int
     last_cycle_seconds: float
-    nvml_available: bool
 
 
 class AgentCollector(Collector):

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from agent.errors import ExpositionError
 from agent.exposition_syntax import (
     HISTOGRAMS,
-    METRIC_NAME,
     NAME_AT,
     Malformed,
     go_float,
@@ -112,7 +111,7 @@ class TextScan:
         it = iter(lines)
         self.lines, self.it = lines, it
         names, families, types, helps = self._names, self._families, self.types, self.helps
-        new_name, valid_name, text_types = self._new_name, METRIC_NAME.fullmatch, _TEXT_TYPES
+        new_name, valid_name, text_types = self._new_name, NAME_AT.fullmatch, _TEXT_TYPES
         prev = ""
         prefix = "\n"  # the current sample name and "{"; matches no line before the first sample
         keep = nonneg = False
@@ -218,19 +217,10 @@ class TextScan:
         Files it under its family as the Go parser does (see :meth:`_resolve`); a name
         that is its own family creates it, which later ``# HELP``/``# TYPE`` lines see.
         """
-        nonneg = False
-        families = self._families
-        if name not in families:  # the Go rule of _resolve, inlined: this runs per name
-            if name.endswith(_GO_SUFFIXES):
-                kind = self.types.get(name[: name.rfind("_")])
-                if kind in HISTOGRAMS:
-                    # The Go parser stores histogram buckets and counts as unsigned
-                    # integers and rejects negative ones.
-                    nonneg = not name.endswith("_sum")
-                elif kind != "summary" or name.endswith("_bucket"):
-                    families[name] = None
-            else:
-                families[name] = None
+        family = self._resolve(name, True)
+        # The Go parser stores histogram buckets and counts as unsigned integers and
+        # rejects negative ones.
+        nonneg = family != name and self.types.get(family) in HISTOGRAMS and not name.endswith("_sum")
         wants = self._wants
         return wants is None or wants(name), nonneg
 

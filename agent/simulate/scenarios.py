@@ -22,7 +22,7 @@ from datetime import datetime
 from agent.errors import SimulatorError
 from agent.simulate.model import Load, ReplicaModel
 
-__all__ = ["SCENARIOS", "Scenario", "cuda_oom_lines", "get_scenario", "preemption_line", "stats_line"]
+__all__ = ["SCENARIOS", "Scenario", "cuda_oom_lines", "get_scenario", "log_stamp", "preemption_line", "stats_line"]
 
 
 _HEALTHY = Load(arrival_rate=0.0)
@@ -104,7 +104,8 @@ def get_scenario(name: str) -> Scenario:
 
 
 # -- log lines -----------------------------------------------------------------------------------
-def _stamp(when: datetime) -> str:
+def log_stamp(when: datetime) -> str:
+    """The time stamp vLLM's log lines start with (local time, no year)."""
     return when.strftime("%m-%d %H:%M:%S")
 
 
@@ -115,15 +116,15 @@ def stats_line(when: datetime, model: ReplicaModel, prompt_rate: float, generati
              f"{model.last_gen_rate:.1f} tokens/s, Running: {model.num_running} reqs")
     kv = f"GPU KV cache usage: {100 * model.kv_usage:.1f}%"
     if generation == "v0":
-        return (f"INFO {_stamp(when)} metrics.py:455] {rates}, Swapped: 0 reqs, Pending: {model.num_waiting} "
+        return (f"INFO {log_stamp(when)} metrics.py:455] {rates}, Swapped: 0 reqs, Pending: {model.num_waiting} "
                 f"reqs, {kv}, CPU KV cache usage: 0.0%.")
-    return (f"INFO {_stamp(when)} [loggers.py:123] Engine 000: {rates}, Waiting: {model.num_waiting} reqs, "
+    return (f"INFO {log_stamp(when)} [loggers.py:123] Engine 000: {rates}, Waiting: {model.num_waiting} reqs, "
             f"{kv}, Prefix cache hit rate: {hit:.1f}%")
 
 
 def preemption_line(when: datetime, group: int, total: int) -> str:
     """The V0 scheduler's recompute-preemption warning (logged every 50th preemption)."""
-    return (f"WARNING {_stamp(when)} scheduler.py:1560] Sequence group {group} is preempted by "
+    return (f"WARNING {log_stamp(when)} scheduler.py:1560] Sequence group {group} is preempted by "
             "PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the "
             "end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more "
             f"KV cache memory. total_num_cumulative_preemption={total}")  # fmt: skip
@@ -140,7 +141,7 @@ def cuda_oom_lines(when: datetime, model: ReplicaModel, *, gpu: int, pid: int, s
     reserved_mib = rng.uniform(8.0, 120.0)
     allocated = in_use - rng.uniform(0.25, 0.6)
     want_mib = rng.choice((128.0, 224.0, 270.0, 512.0, 1024.0)) + free_mib
-    stamp = _stamp(when)
+    stamp = log_stamp(when)
     head = f"(VllmWorker rank={gpu} pid={pid}) ERROR {stamp} [multiproc_executor.py:527]"
     return [
         f"{head} WorkerProc hit an exception.",

@@ -33,7 +33,7 @@ from aiohttp import web
 from agent.errors import SimulatorError
 from agent.simulate.model import ReplicaModel, ReplicaParams
 from agent.simulate.render import VERSIONS, Renderer, bounds_for
-from agent.simulate.scenarios import Scenario, cuda_oom_lines, get_scenario, preemption_line, stats_line
+from agent.simulate.scenarios import Scenario, cuda_oom_lines, get_scenario, log_stamp, preemption_line, stats_line
 
 __all__ = ["CONTENT_TYPE", "Fleet", "FleetConfig"]
 
@@ -84,6 +84,7 @@ class _Replica:
     model: ReplicaModel
     renderer: Renderer
     log_path: Path | None
+    host: str
     port: int = 0
     status: str = "up"  # up -> dying (health fails) -> dead (port closed)
     died_at: float = 0.0
@@ -92,6 +93,16 @@ class _Replica:
     logged_at: float = 0.0
     logged_prompt: float = 0.0
     logged_preemptions: int = 0
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as a ``file_sd`` target names it."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The replica's ``/metrics`` URL."""
+        return f"http://{self.address}/metrics"
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method != "GET":
@@ -135,21 +146,17 @@ class Fleet:
     @property
     def targets(self) -> list[str]:
         """``/metrics`` URLs of every replica slot, live or dead, vLLM then LMDeploy."""
-        return [f"http://{self.config.host}:{r.port}/metrics" for r in (*self._vllm, *self._lmdeploy)]
+        return [r.url for r in (*self._vllm, *self._lmdeploy)]
 
     @property
     def control_url(self) -> str:
         return f"http://{self.config.host}:{self._control_port}"
 
-    @property
-    def model_time(self) -> float:
-        return self._time
-
     def state(self) -> list[dict[str, object]]:
         """Every replica's status and engine state, for ``GET /state``."""
         return [
             {"name": r.name, "kind": "lmdeploy" if r.flavor == "lmdeploy" else "vllm", "generation": r.flavor,
-             "url": f"http://{self.config.host}:{r.port}/metrics", "status": r.status,
+             "url": r.url, "status": r.status,
              "arrival_rate": round(r.rate, 3), **r.model.state()}
             for r in (*self._vllm, *self._lmdeploy)
         ]  # fmt: skip
@@ -221,18 +228,18 @@ class Fleet:
         model = ReplicaModel(cfg.params, bounds_for(flavor, cfg.params.max_model_len), seed, now=self._time)
         renderer = Renderer(model, flavor, cfg.model, created=self._wallclock())
         log_path = cfg.log_dir / f"{kind}-{index}.log" if cfg.log_dir is not None else None
-        replica = _Replica(f"{kind}-{index}", index, flavor, model, renderer, log_path)
+        replica = _Replica(f"{kind}-{index}", index, flavor, model, renderer, log_path, cfg.host)
         replica.runner = web.ServerRunner(web.Server(replica.handle, access_log=None), shutdown_timeout=0.5)
         await replica.runner.setup()
         replica.port = await self._bind(replica.runner, self._next_port)
         if self._next_port:
             self._next_port = replica.port + 1
         replica.logged_at = self._time
-        url = f"http://{cfg.host}:{replica.port}"
+        url = f"http://{replica.address}"
         if kind == "lmdeploy":
             self._write(replica, [f"INFO:     Uvicorn running on {url} (Press CTRL+C to quit)"])
         else:
-            head = f"INFO {self._stamp()} [api_server.py:1880]"
+            head = f"INFO {log_stamp(self._now())} [api_server.py:1880]"
             self._write(replica, [f"{head} vLLM API server version {VERSIONS[flavor]}",
                                   f"{head} Starting vLLM API server 0 on {url}"])
         return replica  # fmt: skip
@@ -328,9 +335,6 @@ class Fleet:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self._wallclock())  # vLLM logs local time
 
-    def _stamp(self) -> str:
-        return self._now().strftime("%m-%d %H:%M:%S")
-
     def _write(self, replica: _Replica, lines: list[str]) -> None:
         if replica.log_path is None:
             return
@@ -370,7 +374,7 @@ class Fleet:
                                   "replicas": self.state()})  # fmt: skip
 
     async def _get_targets(self, request: web.Request) -> web.Response:
-        groups = [{"targets": [f"{self.config.host}:{r.port}"],
+        groups = [{"targets": [r.address],
                    "labels": {"replica": r.name, "generation": r.flavor}}
                   for r in (*self._vllm, *self._lmdeploy)]  # fmt: skip
         return web.json_response(groups)
