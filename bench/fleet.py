@@ -30,11 +30,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from agent.app.daemon import keep_list
+from agent.app.logs import configure_logging
+from agent.collect.discovery import TargetSpec, instance_of
+from agent.collect.scrape import Scraper
 from agent.config import Config
-from agent.daemon import keep_list
-from agent.discovery import TargetSpec, instance_of
-from agent.logs import configure_logging
-from agent.scrape import Scraper
 from agent.store import Store
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

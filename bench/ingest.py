@@ -4,7 +4,7 @@ Run from the repository root:  python bench/ingest.py  [--quick]
 
 For each payload it times, per scrape of the whole payload:
   (a) prometheus_client.parser.text_string_to_metric_families, consuming every sample;
-  (b) agent.exposition.parse(), the full validated parse;
+  (b) agent.collect.exposition.parse(), the full validated parse;
   (c) the scraper's own ingest path (Scraper.ingest: Scanner(wants=store.keep).scan() plus a
       store write through the per-target series cache, staleness bookkeeping and the target's
       synthetic series), over repeated scrapes of the same payload with advancing timestamps
@@ -36,9 +36,9 @@ from prometheus_client.process_collector import ProcessCollector
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.discovery import TargetSpec  # noqa: E402
-from agent.exposition import Scanner, parse  # noqa: E402 - after the path fix-up above
-from agent.scrape import Scraper, Target  # noqa: E402
+from agent.collect.discovery import TargetSpec  # noqa: E402
+from agent.collect.exposition import Scanner, parse  # noqa: E402 - after the path fix-up above
+from agent.collect.scrape import Scraper, Target  # noqa: E402
 from agent.store import KeepList, Store  # noqa: E402
 
 #: The vLLM families the health rules read (both name generations).
@@ -312,7 +312,7 @@ def bench(title: str, payload: str, scrapes: int, reps: int) -> None:
     print(f"\n== {title}: {len(payload):,} bytes, {samples:,} samples, {kept_rules} kept by the keep-list")
     rows = [
         ("(a) prometheus_client text_string_to_metric_families", run_client),
-        ("(b) agent.exposition.parse (full)", run_parse),
+        ("(b) agent.collect.exposition.parse (full)", run_parse),
         ("(c) ingest: scan + store, rule keep-list", make_ingest(KeepList(RULE_FAMILIES))),
         ("(c') ingest: scan + store, keep all", make_ingest(KeepList(None))),
     ]

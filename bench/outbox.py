@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.notification import AlertSnapshot, Notification
-from agent.state import StateDB
+from agent.act.notification import AlertSnapshot, Notification
+from agent.act.state import StateDB
 
 
 def _notification(i: int) -> Notification:

@@ -32,12 +32,12 @@ from pathlib import Path
 
 from fleet import start_fleet  # type: ignore[import-not-found]
 
+from agent.app.daemon import Agent, rule_paths
+from agent.app.logs import configure_logging
 from agent.config import Config, bundled_rules_dir
-from agent.daemon import Agent, rule_paths
-from agent.logs import configure_logging
 from agent.promql import Engine, Sample, Scalar
-from agent.rulefile import load_rule_files
-from agent.rules import RuleManager
+from agent.rules.files import load_rule_files
+from agent.rules.manager import RuleManager
 from agent.store import Store
 
 T0 = 1_700_000_000

@@ -23,9 +23,9 @@ import time
 
 from fleet import find_prometheus, prom_metrics, running_fleet, running_prometheus  # type: ignore[import-not-found]
 
+from agent.app.daemon import Agent
+from agent.app.logs import configure_logging
 from agent.config import Config, bundled_rules_dir
-from agent.daemon import Agent
-from agent.logs import configure_logging
 
 
 async def bench_agent(urls: list[str], minutes: float, interval: float) -> dict[str, float]:

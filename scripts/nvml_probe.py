@@ -1,6 +1,6 @@
 """Print what the agent's NVML poller sees on this machine, for a maintainer on a real GPU box.
 
-Starts an :class:`agent.nvml.NvmlSource` with the real ``pynvml``, polls twice (the second
+Starts an :class:`agent.collect.nvml.NvmlSource` with the real ``pynvml``, polls twice (the second
 poll shows rates such as NVLink bandwidth, which DCGM reports as 0 on the first reading),
 and prints every sample in Prometheus text format, then the GPU list. Readings the GPU does
 not support are absent from the output; ``sre_agent_nvml_errors_total`` lists failures.
@@ -23,7 +23,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from agent.nvml import NvmlSource
+from agent.collect.nvml import NvmlSource
 from agent.series import Sample
 
 

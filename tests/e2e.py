@@ -2,7 +2,7 @@
 
 The fault tests (``tests/test_e2e_faults.py``) kill the agent with SIGKILL and restart
 it on the same config and state database, so the agent must be a real process, not an
-:class:`~agent.daemon.Agent` in the test's event loop. Everything it talks to runs in
+:class:`~agent.app.daemon.Agent` in the test's event loop. Everything it talks to runs in
 the test's loop on 127.0.0.1:
 
 * :class:`MetricsTarget` serves ``/metrics`` with one gauge, ``e2e_condition``, whose

@@ -3,7 +3,7 @@
 The agent evaluates its alerting and recording rules itself (DESIGN.md decisions 1-2),
 and the same files must behave identically in a real Prometheus. So this package
 implements PromQL with Prometheus 2.42's semantics, parsed by ``promql-parser``, checked
-against Prometheus' own promqltest files (``tests/test_promql_conformance.py``), and
+against Prometheus' own promqltest files (``tests/promql/test_conformance.py``), and
 rejects at parse time, by name, anything it does not implement.
 
 Supported: number and string literals, unary minus, parentheses; instant and range

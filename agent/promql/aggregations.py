@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 
-from agent import gofmt
 from agent.errors import PromQLError
-from agent.promql.gomath import format_float, int64_ok
+from agent.gocompat import fmt as gofmt
+from agent.gocompat.math import format_float, int64_ok
 from agent.promql.nodes import Aggregate
 from agent.promql.rangefuncs import quantile
 from agent.promql.values import Memo, Vec, group_key_fn, group_keys

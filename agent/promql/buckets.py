@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from agent.promql.gomath import div, parse_float
+from agent.gocompat.math import div, parse_float
 from agent.promql.values import Memo, Vec, check_unique, group_keys
 from agent.series import Labels
 

@@ -20,10 +20,10 @@ from functools import lru_cache
 from typing import Any
 
 from agent.errors import PromQLError
+from agent.gocompat.math import UNARY, div, floor, fmax, fmin, int64_ok
+from agent.gocompat.regex import expand, to_python
 from agent.promql.buckets import histogram_quantile
-from agent.promql.gomath import UNARY, div, floor, fmax, fmin, int64_ok
 from agent.promql.nodes import VectorSel
-from agent.promql.regex import expand, to_python
 from agent.promql.values import Vec, check_unique, drop_names
 from agent.series import METRIC_NAME, Labels, is_label_name
 

@@ -23,7 +23,7 @@ import operator
 from collections.abc import Callable
 
 from agent.errors import PromQLError
-from agent.promql.gomath import div, mod, pow_
+from agent.gocompat.math import div, mod, pow_
 from agent.promql.nodes import Binary
 from agent.promql.values import Vec, drop_name, drop_names, group_keys
 from agent.series import METRIC_NAME, Labels

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.promql.gomath import div
+from agent.gocompat.math import div
 from agent.promql.values import Vec
 from agent.series import Labels
 

@@ -25,6 +25,7 @@ from typing import Any
 import promql_parser as pp
 
 from agent.errors import PromQLError, StoreError, UnsupportedError
+from agent.gocompat.regex import to_python
 from agent.promql.compat import newer_syntax
 from agent.promql.functions import FUNCTIONS
 from agent.promql.nodes import (
@@ -42,7 +43,6 @@ from agent.promql.nodes import (
     VectorSel,
 )
 from agent.promql.rangefuncs import RANGE_FUNCTIONS
-from agent.promql.regex import to_python
 from agent.series import METRIC_NAME
 from agent.store import Matcher
 

@@ -4,7 +4,7 @@ The agent's scraper, parser and rules must meet exactly what production emits, s
 text is produced by prometheus_client itself (``generate_latest`` over a custom
 collector) the way vLLM and LMDeploy produce theirs: the same family names and types per
 generation, HELP texts, label keys (``model_name``, ``engine``), ``_created`` series
-where the real server has them, default buckets from :mod:`agent.catalog`.
+where the real server has them, default buckets from :mod:`agent.collect.catalog`.
 
 Three flavors: ``v1`` (vLLM 0.11.0, the V1 engine), ``v0`` (vLLM 0.7.3 on the V0 engine:
 ``gpu_cache_usage_perc``, ``time_per_output_token_seconds``, no ``engine`` label, no
@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from agent import catalog
+from agent.collect import catalog
 from agent.errors import SimulatorError
 from agent.simulate.model import HIST_KEYS, ReplicaModel, ReplicaParams
 

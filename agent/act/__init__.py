@@ -1,0 +1,194 @@
+"""The act layer's wiring: state database, router, receivers, scaler and dispatcher.
+
+The daemon owns one :class:`ActLayer`. It is built from the config at start-up (so a
+bad receiver or route stops the agent before anything runs), opens the state
+database, restores alert state into the rule manager, and from then on takes each
+rule group's evaluation (:meth:`ActLayer.observe`) and runs the dispatch tick.
+Receivers are keyed by their outbox queue name: the receiver's name, ``name[i]`` for
+the i-th URL of an Alertmanager receiver (one queue per Alertmanager, so HA pairs
+are independent), ``scale:<service>`` for a scaling service's webhook.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+import aiohttp
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.act.dispatch import DiagnoseHook, Dispatcher
+from agent.act.notification import AlertSnapshot
+from agent.act.routing import Router
+from agent.act.scaling import Scaler
+from agent.act.sinks import Sink
+from agent.act.sinks.alertmanager import AlertmanagerSink
+from agent.act.sinks.console import ConsoleSink
+from agent.act.sinks.scale import ScaleSink
+from agent.act.sinks.slack import SlackSink
+from agent.act.sinks.webhook import WebhookSink
+from agent.act.state import StateDB
+from agent.config import Config, parse_duration
+from agent.diagnose.findings import Finding
+from agent.rules.manager import AlertEvent, Group, RuleManager
+
+__all__ = ["ActCollector", "ActLayer", "build_sinks"]
+
+log = structlog.get_logger(__name__)
+
+
+def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
+                stream: TextIO | None = None) -> dict[str, Sink]:
+    """One sink per outbox queue (see the module docstring for the queue names)."""
+    sinks: dict[str, Sink] = {}
+    for r in config.receivers:
+        if r.console is not None:
+            sinks[r.name] = ConsoleSink(r.name, stream or sys.stdout)
+        elif r.slack is not None:
+            sinks[r.name] = SlackSink(r.name, r.slack, db)
+        elif r.webhook is not None:
+            sinks[r.name] = WebhookSink(r.name, r.webhook, session)
+        elif r.alertmanager is not None:
+            for i, url in enumerate(r.alertmanager.urls):
+                sinks[f"{r.name}[{i}]"] = AlertmanagerSink(r.name, url, r.alertmanager, session)
+    for svc in config.scaling.services:
+        if svc.webhook is not None:
+            sinks[f"scale:{svc.name}"] = ScaleSink(f"scale:{svc.name}", svc.webhook, session)
+    return sinks
+
+
+class ActLayer:
+    """The daemon's act layer: opened (and alert state restored) when the Agent is built, so a
+    bad state path stops start-up; receivers get their HTTP session in :meth:`start`."""
+
+    def __init__(self, config: Config, rules: RuleManager, *, clock: Callable[[], float] = time.time,
+                 diagnose: DiagnoseHook | None = None, stream: TextIO | None = None) -> None:
+        self.config = config
+        self._rules = rules
+        self._clock = clock
+        self._stream = stream
+        self.db = StateDB(config.state.path)
+        now_ms = int(clock() * 1000)
+        restored = rules.restore(self.db.load_rule_alerts(), now_ms,
+                                 outage_tolerance_ms=int(config.rules.outage_tolerance * 1000))
+        if restored:
+            log.info("alert state restored", alerts=restored, state=config.state.path)
+        self.router = Router(config)
+        self.scaler = Scaler(config.scaling, self.db, started_ms=now_ms)
+        self._diagnose = diagnose
+        self._session: aiohttp.ClientSession | None = None
+        self.dispatcher: Dispatcher | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        sinks = build_sinks(self.config, self.db, self._session, stream=self._stream)
+        self.dispatcher = Dispatcher(self.config, self.db, self.router, sinks, scaler=self.scaler,
+                                     diagnose=self._diagnose, clock=self._clock)
+        depth = self.db.outbox_depth()
+        if depth:
+            log.info("outbox has undelivered notifications from before; delivering", queues=depth)
+
+    def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
+        self._diagnose = hook
+        if self.dispatcher is not None:
+            self.dispatcher.set_diagnose_hook(hook)
+
+    def observe(self, group: Group, events: list[AlertEvent], now_ms: int) -> None:
+        """After a group's evaluation: persist its alert state, then notify and act."""
+        with self.db.transaction():
+            for key, saved in self._rules.export_group(group).items():
+                self.db.save_rule_alerts(key, saved, now_ms)
+        if self.dispatcher is None:
+            return
+        alerts = [a for r in group.rules for a in r.alerts.values()]
+        self.dispatcher.observe(group.spec.name, events, alerts, interval_s=group.interval_s, now_ms=now_ms)
+
+    async def tick(self) -> None:
+        if self.dispatcher is not None:
+            await self.dispatcher.tick()
+
+    def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.post_finding(finding, alert, now_ms=self.now_ms())
+
+    async def stop(self) -> None:
+        if self.dispatcher is not None:
+            await self.dispatcher.drain(timeout_s=5.0)
+            for sink in self.dispatcher.sinks.values():
+                await sink.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self.db.close()
+
+    # -- views ------------------------------------------------------------------------------------
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
+        return [i.to_json() for i in self.db.incidents(limit=limit)]
+
+    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"matchers": ['alertname="X"'], "duration": "2h", "createdBy": ..., "comment": ...}``
+        (or ``"endsAt"`` in Unix seconds); ValueError says what is wrong."""
+        matchers = body.get("matchers")
+        if not isinstance(matchers, list) or not matchers or not all(isinstance(m, str) for m in matchers):
+            raise ValueError("matchers must be a non-empty list of strings like 'alertname=\"X\"'")
+        now_ms = self.now_ms()
+        if "endsAt" in body:
+            ends_ms = int(float(body["endsAt"]) * 1000)
+        else:
+            ends_ms = now_ms + int(parse_duration(body.get("duration", "1h")) * 1000)
+        if ends_ms <= now_ms:
+            raise ValueError("the silence would end in the past")
+        silence = self.db.add_silence([str(m) for m in matchers], starts_ms=now_ms, ends_ms=ends_ms,
+                                      created_by=str(body.get("createdBy", "api")),
+                                      comment=str(body.get("comment", "")))
+        log.info("silence added", id=silence.id, matchers=matchers, ends_ms=ends_ms)
+        return {"silenceID": silence.id}
+
+    def expire_silence(self, silence_id: str) -> bool:
+        return self.db.expire_silence(silence_id, now_ms=self.now_ms())
+
+    def silences_json(self) -> list[dict[str, Any]]:
+        return [s.to_json() for s in self.db.silences(now_ms=self.now_ms(), include_expired=True)]
+
+
+class ActCollector(Collector):
+    """Notification outcomes per receiver, outbox depth and desired replicas, on /metrics."""
+
+    def __init__(self, act: ActLayer) -> None:
+        self._act = act
+
+    def collect(self) -> Iterator[Metric]:
+        lbl = ["receiver"]
+        sent = CounterMetricFamily("sre_agent_notifications_sent", "Notifications the receiver acknowledged.",
+                                   labels=lbl)
+        failed = CounterMetricFamily("sre_agent_notifications_failed",
+                                     "Notifications given up on (rejected, or older than notify.give_up_after).",
+                                     labels=lbl)
+        retried = CounterMetricFamily("sre_agent_notifications_retried", "Delivery attempts that will be retried.",
+                                      labels=lbl)
+        depth = GaugeMetricFamily("sre_agent_outbox_depth", "Notifications waiting in the outbox.", labels=lbl)
+        d = self._act.dispatcher
+        queues = set(d.sinks) if d is not None else set()
+        outbox = self._act.db.outbox_depth()
+        for q in sorted(queues | set(outbox)):
+            if d is not None:
+                sent.add_metric([q], d.stats.sent.get(q, 0))
+                failed.add_metric([q], d.stats.failed.get(q, 0))
+                retried.add_metric([q], d.stats.retried.get(q, 0))
+            depth.add_metric([q], outbox.get(q, 0))
+        desired = GaugeMetricFamily("sre_agent_desired_replicas",
+                                    "Replicas the agent wants per service (for an HPA via prometheus-adapter or KEDA).",
+                                    labels=["service"])
+        for service, n in sorted(self._act.scaler.desired_replicas().items()):
+            desired.add_metric([service], n)
+        silences = GaugeMetricFamily("sre_agent_silences_active", "Silences in effect now.")
+        now_ms = self._act.now_ms()
+        silences.add_metric([], sum(s.active(now_ms) for s in self._act.db.silences(now_ms=now_ms)))
+        yield from (sent, failed, retried, depth, desired, silences)

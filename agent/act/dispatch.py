@@ -1,0 +1,364 @@
+"""The dispatcher: rule-state events in, notifications and actions out, through the outbox.
+
+After every rule-group evaluation the daemon hands the group's alerts to
+:meth:`Dispatcher.observe`. From there, three paths:
+
+* **Grouped receivers** (console, Slack, webhook) follow Alertmanager's dispatcher:
+  each matching route puts the alert into an aggregation group (route + ``group_by``
+  values); a group is flushed ``group_wait`` after it appears and then every
+  ``group_interval``, and a flush sends only if the notification log says something
+  changed (a new firing alert, a newly resolved one with ``send_resolved``) or
+  ``repeat_interval`` passed — Alertmanager's ``DedupStage.needsUpdate``. The
+  notification log is persisted, so a restart does not re-page for alerts already sent.
+* **Alertmanager receivers** follow Prometheus' own sending rules instead: no grouping
+  (Alertmanager groups), every firing alert re-sent every ``resend_delay`` with
+  ``endsAt = now + 4 × max(eval interval, resend delay)``, resolved alerts re-sent for
+  as long as the rule manager keeps them (15 min), one queue per Alertmanager URL.
+* **Actions**: ``scale_out`` / ``scale_in`` go to the :class:`~agent.act.scaling.Scaler`
+  on every evaluation while the alert fires (its cooldowns decide); ``diagnose`` calls
+  the diagnostics hook once when the alert starts firing.
+
+Every notification is written to the SQLite outbox before anything is sent and
+leaves it only when the receiver acknowledged: :meth:`Dispatcher.tick` hands the due
+queues to :class:`~agent.act.outbox.OutboxDelivery` (one FIFO queue per receiver,
+retries with jittered exponential backoff, ``Retry-After``, giving up). The notification
+log is written when a notification is queued (the outbox makes "queued" as good as "sent").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import structlog
+
+from agent.act.notification import AlertSnapshot, Notification, Status, fingerprint, group_key_hash, json_number
+from agent.act.outbox import DeliveryStats, OutboxDelivery
+from agent.act.routing import Route, Router, active_silences, group_for, muted_by
+from agent.act.scaling import Scaler
+from agent.act.sinks import Sink
+from agent.act.sinks.alertmanager import VALIDITY_FACTOR
+from agent.act.state import NflogEntry, StateDB
+from agent.config import ActionConfig, Config
+from agent.diagnose.findings import Finding
+from agent.matchers import Matcher
+from agent.rules.manager import Alert, AlertEvent, AlertState
+
+__all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher"]
+
+log = structlog.get_logger(__name__)
+
+DiagnoseHook = Callable[[AlertSnapshot], None]
+
+
+@dataclass
+class _AggGroup:
+    route: Route
+    key: str
+    labels: dict[str, str]
+    alerts: dict[str, AlertSnapshot]
+    next_flush_ms: int
+
+
+class Dispatcher:
+    """Turns rule-group evaluations into queued notifications and actions, and delivers the outbox.
+
+    The daemon calls :meth:`observe` after each group evaluation and :meth:`tick` every
+    ``notify.dispatch_interval``; everything external (state database, sinks, scaler,
+    clock, jitter source) is passed in.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        db: StateDB,
+        router: Router,
+        sinks: Mapping[str, Sink],
+        *,
+        scaler: Scaler | None = None,
+        diagnose: DiagnoseHook | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._config = config
+        self._db = db
+        self._router = router
+        self._scaler = scaler
+        self._diagnose = diagnose
+        self._clock = clock
+        self._delivery = OutboxDelivery(db, sinks, config.notify, scaler=scaler, clock=clock, rng=rng)
+        self.sinks = self._delivery.sinks  # one dict: the delivery sends through what callers see here
+        self.stats = self._delivery.stats
+        self._kinds = {r.name: r.kind for r in config.receivers}
+        self._am_urls = {r.name: r.alertmanager.urls for r in config.receivers if r.alertmanager is not None}
+        self._am_resend_s = {r.name: r.alertmanager.resend_delay for r in config.receivers
+                             if r.alertmanager is not None}
+        self._external_url = config.rules.external_url
+        self._groups: dict[tuple[str, str], _AggGroup] = {}
+        self._am_sent: dict[tuple[str, str], tuple[int, bool]] = {}  # (receiver, fingerprint) -> (ms, as resolved)
+
+    def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
+        self._diagnose = hook
+
+    # -- input: one rule group's evaluation ---------------------------------------------
+    def observe(self, group: str, events: Iterable[AlertEvent], alerts: Iterable[Alert], *,
+                interval_s: float, now_ms: int) -> None:
+        """Take the alerts of one rule group right after it was evaluated."""
+        events = list(events)
+        self._record_incidents(events)
+        snaps: dict[str, AlertSnapshot] = {}
+        pending: list[AlertSnapshot] = []
+        for alert in alerts:
+            snap = self._snapshot(alert)
+            if alert.state is AlertState.PENDING:
+                pending.append(snap)
+                continue
+            snaps[snap.fingerprint] = snap
+        to_alertmanagers: list[tuple[AlertSnapshot, set[str]]] = []
+        for snap in snaps.values():
+            receivers: set[str] = set()
+            for route in self._router.routes_for(snap.labels):
+                if self._kinds.get(route.receiver) == "alertmanager":
+                    receivers.add(route.receiver)
+                else:
+                    self._insert(route, snap, now_ms)
+            if receivers:
+                to_alertmanagers.append((snap, receivers))
+        self._send_to_alertmanagers(to_alertmanagers, interval_s=interval_s, now_ms=now_ms)
+        self._run_actions(events, snaps.values(), pending, now_ms)
+
+    def _snapshot(self, alert: Alert) -> AlertSnapshot:
+        labels = dict(alert.labels)
+        resolved = alert.state is AlertState.INACTIVE
+        return AlertSnapshot(
+            labels=labels, annotations=dict(alert.annotations), status="resolved" if resolved else "firing",
+            starts_at_ms=alert.fired_at_ms or alert.active_at_ms, ends_at_ms=alert.resolved_at_ms if resolved else 0,
+            value=alert.value, generator_url=self._external_url,
+        )
+
+    def _record_incidents(self, events: list[AlertEvent]) -> None:
+        for e in events:
+            labels = dict(e.alert.labels)
+            fp = fingerprint(labels)
+            if e.kind == "firing":
+                with self._db.transaction():
+                    self._db.open_incident(fingerprint=fp, alertname=e.rule, labels=labels,
+                                           severity=labels.get("severity", ""),
+                                           summary=e.alert.annotations.get("summary", ""), started_ms=e.at_ms)
+                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="fired",
+                                                detail={"value": json_number(e.alert.value)})
+            elif e.kind == "resolved":
+                with self._db.transaction():
+                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="resolved", detail={})
+                    self._db.resolve_incident(fp, resolved_ms=e.at_ms)
+
+    # -- grouped receivers (Alertmanager's dispatcher) --------------------------------------
+    def _insert(self, route: Route, snap: AlertSnapshot, now_ms: int) -> None:
+        key, labels = group_for(route, snap.labels)
+        ag = self._groups.get((route.path, key))
+        if ag is None:
+            ag = self._groups[(route.path, key)] = _AggGroup(route, key, labels, {},
+                                                            now_ms + int(route.group_wait_s * 1000))
+        ag.alerts[snap.fingerprint] = snap
+
+    def flush_due(self, now_ms: int) -> int:
+        """Flush every aggregation group whose timer is due; returns notifications queued."""
+        queued = 0
+        due = [gid for gid, ag in self._groups.items() if ag.next_flush_ms <= now_ms]
+        if not due:
+            return 0
+        silences = active_silences(self._db.silences(now_ms=now_ms), now_ms)  # read and parsed once a round
+        for gid in due:
+            ag = self._groups[gid]
+            ag.next_flush_ms = now_ms + int(ag.route.group_interval_s * 1000)
+            queued += self._flush(ag, silences, now_ms)
+            for fp, snap in list(ag.alerts.items()):  # resolved ones were reported (or never will be)
+                if snap.status == "resolved":
+                    del ag.alerts[fp]
+            if not ag.alerts:
+                del self._groups[gid]
+        return queued
+
+    def _flush(self, ag: _AggGroup, silences: list[tuple[str, tuple[Matcher, ...]]], now_ms: int) -> int:
+        route = ag.route
+        unmuted = [a for a in ag.alerts.values() if not muted_by(a.labels, silences)]  # MuteStage
+        firing = [a for a in unmuted if a.status == "firing"]
+        resolved = [a for a in unmuted if a.status == "resolved"]
+        if not firing and not resolved:  # everything silenced: Alertmanager's MuteStage stops here
+            return 0
+        entry = self._db.get_nflog(route.receiver, ag.key)
+        fset, rset = frozenset(a.fingerprint for a in firing), frozenset(a.fingerprint for a in resolved)
+        if not _needs_update(entry, fset, rset, send_resolved=route.send_resolved,
+                             repeat_ms=int(route.repeat_interval_s * 1000), now_ms=now_ms):
+            return 0
+        shown = firing + (resolved if route.send_resolved else [])
+        if not shown:  # everything resolved, send_resolved off: just forget what was sent
+            self._db.delete_nflog(route.receiver, ag.key)
+            return 0
+        digest = hashlib.sha256(",".join([*sorted(fset), "|", *sorted(rset)]).encode()).hexdigest()[:12]
+        n = Notification(
+            key=f"{route.receiver}:{group_key_hash(route.receiver, ag.key)}:{digest}:{now_ms}",
+            receiver=route.receiver, kind="alerts", created_ms=now_ms, group_key=ag.key,
+            group_labels=ag.labels, status="firing" if firing else "resolved",
+            alerts=tuple(sorted(shown, key=lambda a: (a.status, sorted(a.labels.items())))),
+            external_url=self._external_url,
+        )
+        with self._db.transaction():
+            self._db.enqueue(n, now_ms=now_ms)
+            if firing:
+                self._db.put_nflog(route.receiver, ag.key, NflogEntry(fset, rset, now_ms))
+            else:
+                self._db.delete_nflog(route.receiver, ag.key)
+        log.info("notification queued", receiver=route.receiver, group=ag.key, firing=len(firing),
+                 resolved=len(resolved))
+        return 1
+
+    # -- Alertmanager receivers (Prometheus' notifier rules) -----------------------------------
+    def _send_to_alertmanagers(self, routed: list[tuple[AlertSnapshot, set[str]]], *, interval_s: float,
+                               now_ms: int) -> None:
+        """``routed``: each alert with the Alertmanager receivers its routes reach."""
+        def resend_ms(receiver: str) -> int:
+            return int(self._am_resend_s[receiver] * 1000)
+
+        # An entry older than its resend delay decides like a missing one: drop it, so the map
+        # holds only alerts sent recently however many label sets come and go.
+        self._am_sent = {k: v for k, v in self._am_sent.items() if now_ms - v[0] <= resend_ms(k[0])}
+        batches: dict[str, list[AlertSnapshot]] = {}
+        for snap, receivers in routed:
+            resolved = snap.status == "resolved"
+            for receiver in receivers:
+                k = (receiver, snap.fingerprint)
+                sent = self._am_sent.get(k)
+                if sent is not None:  # sent within the delay
+                    if not resolved:  # still (or again) firing: nothing new; a later resolve is news
+                        self._am_sent[k] = (sent[0], False)
+                        continue
+                    if sent[1]:
+                        continue
+                self._am_sent[k] = (now_ms, resolved)
+                valid_ms = VALIDITY_FACTOR * int(max(interval_s, self._am_resend_s[receiver]) * 1000)
+                out = snap if resolved else replace(snap, ends_at_ms=now_ms + valid_ms)
+                batches.setdefault(receiver, []).append(out)
+        for receiver, alerts in batches.items():
+            for i, _url in enumerate(self._am_urls[receiver]):
+                self._enqueue_am(f"{receiver}[{i}]", alerts, now_ms)
+
+    def _enqueue_am(self, queue: str, alerts: list[AlertSnapshot], now_ms: int) -> None:
+        """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
+        after an outage the Alertmanager gets each alert's latest state once, not a
+        backlog of stale ``endsAt`` values that would flap it."""
+        last = self._db.tail(queue)
+        if last is not None and self._delivery.sending(queue) != last.id:
+            old = last.notification()
+            merged = tuple(({a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}).values())
+            self._db.replace_payload(last.id, replace(old, alerts=merged, status=_status(merged)))
+            return
+        n = Notification(key=f"{queue}:{now_ms}:{len(alerts)}", receiver=queue, kind="alerts", created_ms=now_ms,
+                         status=_status(alerts), alerts=tuple(alerts), external_url=self._external_url)
+        self._db.enqueue(n, now_ms=now_ms)
+
+    # -- actions ------------------------------------------------------------------------------------
+    def _run_actions(self, events: list[AlertEvent], snaps: Iterable[AlertSnapshot], pending: list[AlertSnapshot],
+                     now_ms: int) -> None:
+        started = {fingerprint(dict(e.alert.labels)) for e in events if e.kind == "firing"}
+        for snap in pending:  # a pending scale-out alert already means "not healthy" for scale-in
+            for action in self._router.actions_for(snap.labels):
+                self._scale(action, snap, now_ms, decide=False)
+        for snap in snaps:
+            if snap.status != "firing":
+                continue
+            for action in self._router.actions_for(snap.labels):
+                if action.type in ("scale_out", "scale_in"):
+                    self._scale(action, snap, now_ms, decide=True)
+                elif snap.fingerprint in started and self._diagnose is not None:
+                    try:
+                        self._diagnose(snap)
+                    except Exception:  # a diagnostic must never stop notifications
+                        log.exception("diagnosis hook failed", alertname=snap.labels.get("alertname", ""))
+
+    def _scale(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int, *, decide: bool) -> None:
+        """A scale-out alert marks its service unhealthy (holding off scale-in); a firing one
+        also asks the scaler every evaluation, whose cooldowns and bounds decide."""
+        if self._scaler is None or action.type not in ("scale_out", "scale_in"):
+            return
+        service = self._scaler.service_for(snap.labels, action.service)
+        if service is None:
+            return
+        if action.type == "scale_out":
+            self._scaler.mark_unhealthy(service.name, now_ms)
+        if not decide:
+            return
+        decision = self._scaler.decide("out" if action.type == "scale_out" else "in", snap,
+                                       service=service.name, now_ms=now_ms)
+        if decision.acted or decision.dry_run:
+            log.info("scale decision", service=decision.service, direction=decision.direction,
+                     from_replicas=decision.from_replicas, to_replicas=decision.to_replicas,
+                     dry_run=decision.dry_run, reason=decision.reason)
+
+    # -- findings ---------------------------------------------------------------------------------------
+    def post_finding(self, finding: Finding, alert: AlertSnapshot | None, *, now_ms: int) -> int:
+        """Queue a finding for the receivers of ``alert`` (into its Slack thread) and record it in
+        the alert's incident. A finding with no alert (a tailed log, a target that went down) is
+        routed by its own labels (``finding=<kind>``, ``severity``, ``instance``...) and recorded
+        as an incident of its own, opened and closed at once."""
+        labels = alert.labels if alert is not None else {"finding": finding.kind, "severity": finding.severity,
+                                                           **finding.labels}
+        fp = alert.fingerprint if alert is not None else fingerprint(labels)
+        digest = hashlib.sha256(repr(sorted(finding.to_json().items())).encode()).hexdigest()[:12]
+        queued = 0
+        with self._db.transaction():
+            if alert is None:
+                self._db.open_incident(fingerprint=fp, alertname=finding.kind, labels=labels,
+                                       severity=finding.severity, summary=finding.summary, started_ms=now_ms)
+            self._db.add_incident_event(fp, at_ms=now_ms, kind="finding",
+                                        detail={"kind": finding.kind, "summary": finding.summary,
+                                                "setting": finding.setting, "suggested_value": finding.suggested_value,
+                                                "runbook_url": finding.runbook_url})
+            if alert is None:
+                self._db.resolve_incident(fp, resolved_ms=now_ms)
+            for route in self._router.routes_for(labels):
+                if self._kinds.get(route.receiver) == "alertmanager":
+                    continue
+                gkey = group_for(route, labels)[0] if alert is not None else ""
+                n = Notification(key=f"finding:{route.receiver}:{digest}:{now_ms}", receiver=route.receiver,
+                                 kind="finding", created_ms=now_ms, group_key=gkey,
+                                 alerts=(alert,) if alert is not None else (), finding=finding.to_json(),
+                                 external_url=self._external_url)
+                queued += int(self._db.enqueue(n, now_ms=now_ms))
+        return queued
+
+    # -- delivery (agent.act.outbox) -------------------------------------------------------------
+    async def tick(self) -> None:
+        """One dispatch round: flush due groups, start delivering each queue whose head is due."""
+        now_ms = int(self._clock() * 1000)
+        self.flush_due(now_ms)
+        await self._delivery.start_due(now_ms)
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait for deliveries in flight (shutdown, tests)."""
+        await self._delivery.drain(timeout_s)
+
+
+
+def _needs_update(entry: NflogEntry | None, firing: frozenset[str], resolved: frozenset[str], *,
+                  send_resolved: bool, repeat_ms: int, now_ms: int) -> bool:
+    """Alertmanager's ``DedupStage.needsUpdate``."""
+    if entry is None:
+        return bool(firing)
+    if not firing <= entry.firing:
+        return True
+    if not firing:
+        return bool(entry.firing)
+    if send_resolved and not resolved <= entry.resolved:
+        return True
+    return entry.sent_ms + repeat_ms <= now_ms
+
+
+def _status(alerts: Iterable[AlertSnapshot]) -> Status:
+    """A batch is firing if any alert in it fires (Alertmanager's group status)."""
+    return "firing" if any(a.status == "firing" for a in alerts) else "resolved"
+
+

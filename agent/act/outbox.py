@@ -1,0 +1,178 @@
+"""Outbox delivery: send what the dispatcher queued, one FIFO queue per receiver, until acknowledged.
+
+The dispatcher (:mod:`agent.act.dispatch`) decides *what* to send and writes it to the SQLite
+outbox; this module gets it *out*. Each receiver (outbox queue name) has its own FIFO
+queue, so one that is down delays nobody else; once its head is acknowledged the rest of a
+backlog follows at once. An item leaves the outbox only when its receiver acknowledged it.
+After the n-th failed attempt of an item the next waits ``cap/2 + rng × cap/2`` with
+``cap = min(retry_max, retry_initial × 2^(n-1))`` (exponential, "equal jitter"), or the
+receiver's ``Retry-After`` when longer; a rejection (4xx) or a failure older than
+``notify.give_up_after`` moves the item to failed. Every outcome lands in the alerts'
+incidents (``notified`` / ``notify_failed``) and in :class:`DeliveryStats` for /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent.act.notification import Notification
+from agent.act.scaling import Scaler
+from agent.act.sinks import Sink
+from agent.act.state import OutboxItem, StateDB
+from agent.config import NotifyConfig
+from agent.errors import DeliveryError
+
+__all__ = ["DeliveryStats", "OutboxDelivery"]
+
+log = structlog.get_logger(__name__)
+
+_SEND_TIMEOUT_FLOOR_S = 30.0  # a sink has its own timeouts; this guards against one that hangs anyway
+
+
+@dataclass
+class DeliveryStats:
+    """Per-receiver outcome counters for the agent's /metrics."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+    retried: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, which: dict[str, int], receiver: str) -> None:
+        which[receiver] = which.get(receiver, 0) + 1
+
+
+class OutboxDelivery:
+    """Delivers the outbox's queues through the sinks (see the module docstring).
+
+    :meth:`start_due` (each dispatch round) starts a delivery task for every queue whose head
+    is due and that has none running; everything external (state database, sinks, the
+    scaler that hears about acknowledged scale requests, clock, jitter source) is passed in.
+    """
+
+    def __init__(
+        self,
+        db: StateDB,
+        sinks: Mapping[str, Sink],
+        notify: NotifyConfig,
+        *,
+        scaler: Scaler | None,
+        clock: Callable[[], float],
+        rng: Callable[[], float],
+    ) -> None:
+        self._db = db
+        self.sinks = dict(sinks)
+        self._notify = notify
+        self._scaler = scaler
+        self._clock = clock
+        self._rng = rng
+        self._in_flight: dict[str, asyncio.Task[None]] = {}  # outbox receiver -> its delivery task
+        self._sending: dict[str, int] = {}  # outbox receiver -> id of the item being sent now
+        self.stats = DeliveryStats()
+
+    def sending(self, receiver: str) -> int | None:
+        """The id of the item of this queue being sent right now, if any (it must not change)."""
+        return self._sending.get(receiver)
+
+    async def start_due(self, now_ms: int) -> None:
+        """Start delivering each queue whose head is due and that has no delivery running."""
+        for item in self._db.due(now_ms):
+            if item.receiver in self._in_flight:
+                continue
+            task = asyncio.create_task(self._run_queue(item), name=f"deliver {item.receiver}")
+            self._in_flight[item.receiver] = task
+            task.add_done_callback(functools.partial(self._done, item.receiver))
+
+    async def _run_queue(self, item: OutboxItem | None) -> None:
+        """Deliver one receiver's queue in order while its head is due and acknowledged, so a
+        backlog left by an outage goes out in one go; stop at the first failure (its backoff)."""
+        while item is not None:
+            self._sending[item.receiver] = item.id
+            try:
+                delivered = await self._deliver(item)
+            finally:
+                self._sending.pop(item.receiver, None)
+            if not delivered:
+                return
+            head = self._db.head(item.receiver)
+            item = head if head is not None and head.next_attempt_ms <= int(self._clock() * 1000) else None
+
+    def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(receiver, None)
+        if not task.cancelled() and task.exception() is not None:  # the state database failed: log, go on
+            log.error("delivery task failed", receiver=receiver, error=repr(task.exception()))
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait for deliveries in flight (shutdown, tests)."""
+        tasks = list(self._in_flight.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    async def _deliver(self, item: OutboxItem) -> bool:
+        """One attempt at one item; True if the receiver acknowledged it."""
+        now_ms = int(self._clock() * 1000)
+        bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
+        sink = self.sinks.get(item.receiver)
+        if sink is None:
+            self._db.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
+            self.stats.bump(self.stats.failed, item.receiver)
+            bound.warning("notification dropped: receiver no longer configured")
+            return False
+        n = item.notification()
+        wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
+        self._db.begin_attempt(item.id, next_attempt_ms=now_ms + wait_ms)
+        try:
+            reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
+        except (DeliveryError, TimeoutError) as exc:
+            self._failed(item, n, exc, bound, wait_ms)
+            return False
+        except Exception as exc:  # a sink bug must not kill the dispatcher; treat as retryable
+            bound.exception("sink raised an unexpected error")
+            self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound, wait_ms)
+            return False
+        done_ms = int(self._clock() * 1000)
+        with self._db.transaction():
+            self._db.ack(item.id, now_ms=done_ms)
+            for a in n.alerts:
+                self._db.add_incident_event(a.fingerprint, at_ms=done_ms, kind="notified",
+                                            detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
+        if n.kind == "scale" and self._scaler is not None:
+            self._scaler.on_ack(n, reply)
+        self.stats.bump(self.stats.sent, item.receiver)
+        bound.info("notification delivered", kind=n.kind, status=n.status, alerts=len(n.alerts))
+        return True
+
+    def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
+        now_ms = int(self._clock() * 1000)
+        permanent = isinstance(exc, DeliveryError) and exc.permanent
+        too_old = now_ms - item.created_ms > self._notify.give_up_after * 1000
+        error = str(exc) or type(exc).__name__
+        if permanent or too_old:
+            with self._db.transaction():
+                self._db.fail(item.id, error=error, now_ms=now_ms)
+                for a in n.alerts:
+                    self._db.add_incident_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
+                                                detail={"receiver": item.receiver, "error": error})
+            self.stats.bump(self.stats.failed, item.receiver)
+            bound.error("notification failed for good", error=error,
+                        reason="rejected by receiver" if permanent else "gave up after notify.give_up_after")
+            return
+        delay = wait_ms
+        hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
+        if hint is not None:
+            delay = max(delay, int(hint * 1000))
+        self._db.retry(item.id, next_attempt_ms=now_ms + delay, error=error)
+        self.stats.bump(self.stats.retried, item.receiver)
+        bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))
+
+    def _backoff_ms(self, attempts: int) -> int:
+        """The wait after the (``attempts`` + 1)-th failed attempt: exponential backoff with "equal
+        jitter" (half fixed, half random), ``cap = min(retry_max, retry_initial × 2^attempts)``."""
+        cap = min(self._notify.retry_max, self._notify.retry_initial * 2 ** min(attempts, 30))
+        return int(1000 * (cap / 2 + self._rng() * cap / 2))
+

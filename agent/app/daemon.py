@@ -1,0 +1,294 @@
+"""Wiring: builds store, sources, rules and HTTP server from the :class:`Config` and runs the jobs.
+
+Jobs run on APScheduler's ``AsyncIOScheduler`` (DESIGN.md decision 10): the scrape
+cycle every ``scrape.interval``, the NVML poll every ``nvml.interval`` (in a worker
+thread, since NVML calls block), each rule group at its own interval, and store
+retention every minute. Rule files are loaded and checked before anything starts: a
+broken rule file stops start-up with every problem listed, as Prometheus does. Everything the
+outside world touches (clock, NVML module, hostname) is passed in so tests can swap
+it. ``stop()`` is what SIGTERM triggers: jobs stop, series are left as they are,
+the HTTP server and sessions close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import types
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+import structlog
+from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from agent.act import ActCollector, ActLayer
+from agent.app.server import build_app, serve
+from agent.app.telemetry import AgentCollector, build_registry
+from agent.collect import catalog
+from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
+from agent.collect.nvml import NvmlSource
+from agent.collect.scrape import Scraper
+from agent.config import Config
+from agent.diagnose.triggers import Diagnostics, DiagnosticsCollector
+from agent.promql import Engine
+from agent.rules.files import GroupSpec, load_rule_files
+from agent.rules.manager import AlertEvent, Group, RuleManager
+from agent.series import Sample
+from agent.store import KeepList, RoundWriter, Store
+
+__all__ = ["Agent", "keep_list", "rule_paths"]
+
+log = structlog.get_logger(__name__)
+
+_GC_INTERVAL_S = 60.0
+_LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
+
+
+#: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
+#: exist is kept, so loading reports it by name.
+rule_paths = expand_globs
+
+
+def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
+    """The families to store: the catalog's health families, ``store.keep`` and every
+    metric name a loaded rule selects (DESIGN.md decision 3)."""
+    if config.store.keep_all:
+        return KeepList(None)
+    names: set[str] = set()
+    for g in groups or []:
+        group_names, unnamed = g.metric_names()
+        if unnamed:
+            log.warning("a rule selects series without a fixed metric name; storing every family",
+                        group=g.name, file=g.file)
+            return KeepList(None)
+        names |= group_names
+    return KeepList(catalog.default_keep_families() | frozenset(config.store.keep) | names)
+
+
+@dataclass
+class _Stats:
+    scrape_cycles: int = 0
+    last_cycle_seconds: float = 0.0
+
+
+class Agent:
+    """One agent process: sources -> store, plus the HTTP endpoint."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.time,
+        nvml_module: types.ModuleType | None = None,
+        hostname: str | None = None,
+        notify_stream: TextIO | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
+        self.store = Store(int(config.store.retention * 1000), keep_list(config, groups))
+        rc = config.rules
+        self.engine = Engine(self.store, subquery_step_ms=int(rc.evaluation_interval * 1000))
+        self.rules = RuleManager(groups, self.store, self.engine, default_interval_s=rc.evaluation_interval,
+                                 external_labels=rc.external_labels, external_url=rc.external_url)
+        self.events: deque[AlertEvent] = deque(maxlen=1000)
+        # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
+        self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
+        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock)
+        self.act.set_diagnose_hook(self.diagnostics.on_alert)
+        sc = config.scrape
+        self.scraper = Scraper(
+            self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
+            sample_limit=sc.sample_limit, clock=clock,
+        )
+        self.file_sd = FileSD(config.file_sd, time.monotonic) if config.file_sd else None
+        self._static_targets = static_targets(config.targets)  # the config is frozen: once is enough
+        self.nvml: NvmlSource | None = None
+        if config.nvml.mode != "false":
+            self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
+        self._nvml_writer = RoundWriter(self.store)
+        self._nvml_started = False
+        self._nvml_samples: list[Sample] = []
+        self.stats = _Stats()
+        self.registry = build_registry(
+            AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules),
+            ActCollector(self.act),
+            DiagnosticsCollector(self.diagnostics),
+        )
+        self._scheduler: AsyncIOScheduler | None = None
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    # -- state for the HTTP layer -------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.stats.scrape_cycles > 0
+
+    def targets_json(self) -> list[dict[str, Any]]:
+        return self.scraper.targets_json()
+
+    def alerts_json(self) -> list[dict[str, Any]]:
+        return self.rules.alerts_json()
+
+    def rules_json(self) -> list[dict[str, Any]]:
+        return self.rules.rules_json()
+
+    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self.act.incidents_json(limit)
+
+    def silences_json(self) -> list[dict[str, Any]]:
+        return self.act.silences_json()
+
+    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.act.add_silence(body)
+
+    def expire_silence(self, silence_id: str) -> bool:
+        return self.act.expire_silence(silence_id)
+
+    def status_json(self) -> dict[str, Any]:
+        nv = self.nvml
+        return {
+            "config": self.config.redacted(),
+            "store": self.store.stats(),
+            "nvml": {
+                "enabled": nv is not None,
+                "available": bool(nv and nv.available),
+                "reason": nv.reason if nv else "disabled in config (nvml.enabled: false)",
+                "gpus": nv.gpus() if nv and nv.available else [],
+            },
+            "file_sd_errors": self.file_sd.errors() if self.file_sd else {},
+            "scrape_cycles": self.stats.scrape_cycles,
+        }
+
+    # -- jobs ------------------------------------------------------------------------
+    async def scrape_cycle(self) -> None:
+        t0 = time.perf_counter()
+        self.scraper.set_targets(all_targets(self.config, self.file_sd, static=self._static_targets))
+        await self.scraper.scrape_all()
+        self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
+        self.stats.last_cycle_seconds = time.perf_counter() - t0
+        self.stats.scrape_cycles += 1
+
+    async def poll_nvml(self) -> None:
+        nv = self.nvml
+        if nv is None:
+            return
+        if not self._nvml_started:
+            self._nvml_started = True
+            ok = await asyncio.to_thread(nv.start)
+            if not ok and self.config.nvml.mode == "true":  # NvmlSource already warned; say it louder
+                log.error("nvml.enabled is true but NVML is unavailable; continuing without GPU metrics",
+                          reason=nv.reason)
+        now_ms = int(self._clock() * 1000)
+        samples = await asyncio.to_thread(nv.poll, now_ms)
+        self._nvml_samples = samples
+        self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
+
+    def evaluate(self, group: Group) -> None:
+        now_ms = int(self._clock() * 1000)
+        events = self.rules.eval_group(group, now_ms)
+        self.act.observe(group, events, now_ms)
+        for e in events:
+            self.events.append(e)
+            labels = {k: v for k, v in e.alert.labels if k != "alertname"}
+            log.info("alert state changed", state=e.kind, alertname=e.rule, group=e.group, labels=labels,
+                     value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
+
+    def evaluate_all(self) -> None:
+        for g in self.rules.groups:
+            self.evaluate(g)
+
+    # APScheduler runs plain functions in a thread pool; these coroutine wrappers keep rule
+    # evaluation and retention on the event loop, where scrapes write: the store and the
+    # engine's caches are single-threaded by design.
+    async def _evaluate_job(self, group: Group) -> None:
+        self.evaluate(group)
+
+    async def _scrape_job(self) -> None:
+        try:
+            await self.scrape_cycle()
+        except asyncio.CancelledError:  # shutdown while a cycle was in flight: nothing to report
+            log.debug("scrape cycle cancelled by shutdown")
+
+    async def _gc_job(self) -> None:
+        self.gc()
+
+    async def _dispatch_job(self) -> None:
+        await self.act.tick()
+
+    async def _logs_job(self) -> None:
+        self.diagnostics.poll_logs()
+
+    async def _nccl_job(self) -> None:
+        self.diagnostics.request_nccl(reason="schedule")
+
+    def gc(self) -> None:
+        dropped = self.store.gc(int(self._clock() * 1000))
+        if dropped:
+            log.debug("retention applied", samples_dropped=dropped)
+
+    async def collect_once(self) -> None:
+        """One scrape cycle, one NVML poll, then one evaluation of every rule (``run --once``)."""
+        await asyncio.gather(self.scrape_cycle(), self.poll_nvml())
+        self.evaluate_all()
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self, *, serve_http: bool = True) -> None:
+        cfg = self.config
+        if serve_http:
+            self._runner, self.port = await serve(build_app(self), cfg.server.host, cfg.server.port)
+            log.info("serving", listen=f"{cfg.server.host}:{self.port}")
+        sched = AsyncIOScheduler()
+        first = datetime.now(UTC)  # run immediately, then every interval
+        sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval, id="scrape",
+                      max_instances=1, coalesce=True, next_run_time=first)
+        if self.nvml is not None:
+            sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
+                          max_instances=1, coalesce=True, next_run_time=first)
+        first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
+        for i, group in enumerate(self.rules.groups):
+            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
+                          max_instances=1, coalesce=True, next_run_time=first_eval)
+        sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
+        await self.act.start()
+        sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
+                      max_instances=1, coalesce=True, next_run_time=first)
+        diag = cfg.diagnostics
+        if diag.oom.enabled and diag.oom.log_files:
+            sched.add_job(self._logs_job, "interval", seconds=_LOG_POLL_S, id="oom-logs", max_instances=1,
+                          coalesce=True, next_run_time=first)
+        if diag.nccl.enabled and diag.nccl.schedule:
+            sched.add_job(self._nccl_job, CronTrigger.from_crontab(diag.nccl.schedule), id="nccl",
+                          max_instances=1, coalesce=True)
+        sched.start()
+        self._scheduler = sched
+        log.info("agent started", targets=len(cfg.targets), file_sd=len(cfg.file_sd),
+                 scrape_interval=cfg.scrape.interval, nvml=cfg.nvml.mode,
+                 rule_groups=len(self.rules.groups), rules=sum(len(g.rules) for g in self.rules.groups))
+
+    async def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        await self.scraper.close()
+        await self.diagnostics.stop()
+        await self.act.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self.nvml is not None:
+            await asyncio.to_thread(self.nvml.shutdown)
+        log.info("agent stopped")
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

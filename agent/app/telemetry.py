@@ -1,0 +1,138 @@
+"""The agent's own ``/metrics``: it watches itself the way it watches the fleet.
+
+One :class:`prometheus_client.CollectorRegistry` per agent (never the global one),
+filled at scrape time by a collector that reads live state: per-target health and
+scrape cost, store size, and the latest NVML readings re-exported under their
+dcgm-exporter names, so a Prometheus can scrape the agent in place of a
+dcgm-exporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent import __version__
+from agent.collect.scrape import Scraper
+from agent.rules.manager import AlertState, RuleManager
+from agent.series import Sample
+from agent.store import AppendResult, Store
+
+__all__ = ["AgentCollector", "CycleStats", "build_registry"]
+
+
+class CycleStats(Protocol):
+    """What the daemon reports about its own jobs."""
+
+    scrape_cycles: int
+    last_cycle_seconds: float
+
+
+class AgentCollector(Collector):
+    def __init__(
+        self,
+        scraper: Scraper,
+        store: Store,
+        nvml_samples: Callable[[], Sequence[Sample]],
+        stats: CycleStats,
+        rules: RuleManager | None = None,
+    ) -> None:
+        self._rules = rules
+        self._scraper = scraper
+        self._store = store
+        self._nvml = nvml_samples
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("sre_agent_build_info", "sre-agent version.", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        yield from self._targets()
+        yield from self._store_metrics()
+        cycles = CounterMetricFamily("sre_agent_scrape_cycles", "Scrape cycles run.")
+        cycles.add_metric([], self._stats.scrape_cycles)
+        yield cycles
+        last = GaugeMetricFamily(
+            "sre_agent_scrape_cycle_duration_seconds", "Wall time of the last scrape cycle (all targets)."
+        )
+        last.add_metric([], self._stats.last_cycle_seconds)
+        yield last
+        if self._rules is not None:
+            yield from self._rule_metrics(self._rules)
+        yield from _as_families(self._nvml())
+
+    def _rule_metrics(self, rules: RuleManager) -> Iterator[Metric]:
+        dur = GaugeMetricFamily("sre_agent_rule_group_last_duration_seconds",
+                                "Wall time of the group's last evaluation.", labels=["rule_group"])
+        failing = GaugeMetricFamily("sre_agent_rule_group_failing_rules",
+                                    "Rules whose last evaluation failed.", labels=["rule_group"])
+        for g in rules.groups:
+            key = [f"{g.spec.file};{g.spec.name}"]  # Prometheus' rule_group label format
+            dur.add_metric(key, g.eval_seconds)
+            failing.add_metric(key, sum(r.health == "err" for r in g.rules))
+        alerts = GaugeMetricFamily("sre_agent_alerts", "Active alerts by state.", labels=["state"])
+        active = rules.alerts()
+        for state in (AlertState.PENDING, AlertState.FIRING):
+            alerts.add_metric([state.value], sum(a.state is state for a in active))
+        yield from (dur, failing, alerts)
+
+    def _targets(self) -> Iterator[Metric]:
+        lbl = ["job", "instance"]
+        up = GaugeMetricFamily("sre_agent_target_up", "1 if the last scrape of the target succeeded.", labels=lbl)
+        dur = GaugeMetricFamily("sre_agent_target_scrape_duration_seconds", "Last scrape duration.", labels=lbl)
+        samples = GaugeMetricFamily("sre_agent_target_scrape_samples", "Samples in the last payload.", labels=lbl)
+        stored = GaugeMetricFamily(
+            "sre_agent_target_stored_samples", "Samples the last scrape kept (keep-list).", labels=lbl
+        )
+        body = GaugeMetricFamily("sre_agent_target_body_bytes", "Size of the last payload.", labels=lbl)
+        scrapes = CounterMetricFamily("sre_agent_target_scrapes", "Scrapes attempted.", labels=lbl)
+        fails = CounterMetricFamily("sre_agent_target_scrape_failures", "Scrapes that failed.", labels=lbl)
+        for t in self._scraper.targets.values():
+            key = [t.spec.job, t.spec.instance]
+            up.add_metric(key, 1.0 if t.health == "up" else 0.0)
+            dur.add_metric(key, t.duration_s)
+            samples.add_metric(key, t.samples)
+            stored.add_metric(key, t.stored)
+            body.add_metric(key, t.body_bytes)
+            scrapes.add_metric(key, t.scrapes)
+            fails.add_metric(key, t.failures)
+        yield from (up, dur, samples, stored, body, scrapes, fails)
+
+    def _store_metrics(self) -> Iterator[Metric]:
+        st = self._store.stats()
+        for key, doc in (("series", "Series in memory."), ("samples", "Samples in memory."),
+                         ("bytes", "Bytes of sample data in memory (16 per sample).")):
+            g = GaugeMetricFamily(f"sre_agent_store_{key}", doc)
+            g.add_metric([], st[key])
+            yield g
+        rej = CounterMetricFamily(
+            "sre_agent_store_rejected_samples", "Samples rejected (out of order, duplicate timestamp).",
+            labels=["reason"],
+        )
+        for reason in (AppendResult.OUT_OF_ORDER, AppendResult.DUPLICATE):
+            rej.add_metric([reason.value], self._store.rejected[reason])
+        yield rej
+
+
+def _as_families(samples: Sequence[Sample]) -> Iterator[Metric]:
+    """Re-export source samples as-is (names ending in ``_total`` become counters)."""
+    fams: dict[str, Metric] = {}
+    for s in samples:
+        name = s.name
+        fam_name, mtype = (name[:-6], "counter") if name.endswith("_total") else (name, "gauge")
+        fam = fams.get(fam_name)
+        if fam is None:
+            fam = fams[fam_name] = Metric(fam_name, f"{fam_name} (from NVML).", mtype)
+        fam.add_sample(name, {k: v for k, v in s.labels if k != "__name__"}, s.value)
+    yield from fams.values()
+
+
+def build_registry(*collectors: Collector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        registry.register(c)
+    return registry

@@ -1,0 +1,321 @@
+"""Scraping vLLM/LMDeploy ``/metrics`` targets into the store, one target never delaying another.
+
+A scrape cycle starts every target's scrape at once (bounded by a concurrency
+semaphore) and each has its own timeout, so a hung or slow target costs the others
+nothing. Per target the scraper keeps what Prometheus keeps:
+
+* a **series cache**: the series text as written (``name{labels}``) -> the store's
+  series. A steady-state scrape parses no labels at all: one dict lookup and one
+  array append per kept sample. Labels are parsed and validated only for new text.
+* **staleness**: a series present in the previous scrape and absent now gets the
+  staleness marker; a failed scrape or a removed target marks all its series stale.
+* **atomic scrapes**: a payload is parsed completely before anything is written, so
+  a truncated or malformed body stores nothing and marks the target down with the
+  parser's error (line number included).
+* the synthetic series ``up``, ``scrape_duration_seconds``, ``scrape_samples_scraped``
+  and ``scrape_body_size_bytes`` with the target's ``job``/``instance`` labels.
+
+We ask for ``text/plain; version=0.0.4`` (DESIGN.md decision 4: with OpenMetrics,
+recent prometheus_client rewrites ``vllm:`` names) and accept OpenMetrics if a target
+sends it anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import structlog
+
+from agent import __version__
+from agent.collect.discovery import TargetSpec
+from agent.collect.exposition import OPENMETRICS_MEDIA_TYPE, Scanner
+from agent.errors import ExpositionError, ScrapeError
+from agent.series import METRIC_NAME, Labels
+from agent.store import Series, Store
+
+__all__ = ["ACCEPT_HEADER", "Scraper", "Target"]
+
+log = structlog.get_logger(__name__)
+
+#: Prometheus' own Accept header when OpenMetrics is disabled.
+ACCEPT_HEADER = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+_CHUNK = 1 << 16
+_MAX_TS_MS, _MIN_TS_MS = 2**63 - 1, -(2**63)  # what the store's int64 timestamps hold
+
+
+@dataclass
+class Target:
+    """One target's identity, health and series cache."""
+
+    spec: TargetSpec
+    health: str = "unknown"  # "up" | "down" | "unknown" (never scraped)
+    last_error: str = ""
+    last_scrape_ms: int = 0
+    duration_s: float = 0.0
+    samples: int = 0  # samples in the last payload, kept or not
+    stored: int = 0  # samples written to the store by the last scrape
+    body_bytes: int = 0
+    scrapes: int = 0
+    failures: int = 0
+    # series text -> [series, iteration last seen]
+    cache: dict[str, list[Any]] = field(default_factory=dict, repr=False)
+    iteration: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def as_json(self) -> dict[str, Any]:
+        """The object ``/api/v1/targets`` and ``run --once`` return per target."""
+        return {
+            "url": self.url,
+            "job": self.spec.job,
+            "instance": self.spec.instance,
+            "labels": dict(self.spec.labels),
+            "health": self.health,
+            "last_error": self.last_error,
+            "last_scrape": self.last_scrape_ms / 1000 if self.last_scrape_ms else None,
+            "duration_seconds": round(self.duration_s, 6),
+            "samples": self.samples,
+            "stored_samples": self.stored,
+            "body_bytes": self.body_bytes,
+            "series": len(self.cache),
+        }
+
+
+class Scraper:
+    """Owns the targets and the HTTP session; call :meth:`scrape_all` each interval."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        timeout_s: float,
+        body_limit: int,
+        concurrency: int,
+        sample_limit: int = 0,
+        clock: Callable[[], float] = time.time,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.store = store
+        self.timeout_s = timeout_s
+        self.body_limit = body_limit
+        self.sample_limit = sample_limit
+        self._clock = clock
+        self._session = session
+        self._own_session = session is None
+        self._sem = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self.targets: dict[str, Target] = {}
+
+    # -- lifecycle ---------------------------------------------------------------
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._concurrency, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers={"User-Agent": f"sre-agent/{__version__}"},
+                auto_decompress=True,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    # -- targets -----------------------------------------------------------------
+    def set_targets(self, specs: Iterable[TargetSpec]) -> None:
+        """Replace the target set; removed targets get staleness markers."""
+        wanted = {s.url: s for s in specs}
+        now = self._now_ms()
+        for url in list(self.targets):
+            old = self.targets[url]
+            if url not in wanted or wanted[url] != old.spec:
+                self._mark_stale(old, now, synthetic=True)
+                del self.targets[url]
+                log.info("target removed", target=url)
+        for url, spec in wanted.items():
+            if url not in self.targets:
+                self.targets[url] = Target(spec)
+                log.info("target added", target=url, job=spec.job, source=spec.source)
+
+    # -- scraping ----------------------------------------------------------------
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(t) for t in list(self.targets.values())))
+
+    async def scrape(self, target: Target) -> None:
+        """Scrape one target; never raises (errors become the target's ``last_error``)."""
+        async with self._sem:
+            start_ms = self._now_ms()
+            t0 = time.perf_counter()
+            body_bytes = 0
+            try:
+                text, openmetrics, body_bytes = await self._fetch(target)
+                parsed = self._parse(target, text, openmetrics)
+            except ScrapeError as exc:
+                self._record_failure(target, start_ms, time.perf_counter() - t0, str(exc), body_bytes)
+                return
+            self._commit(target, parsed, start_ms, time.perf_counter() - t0, body_bytes)
+
+    def ingest(self, target: Target, text: str, now_ms: int, *, openmetrics: bool = False) -> None:
+        """Parse and store one payload for ``target`` exactly as a scrape does after its
+        HTTP fetch (used by benchmarks and tests; raises :class:`ScrapeError`)."""
+        self._commit(target, self._parse(target, text, openmetrics), now_ms, 0.0, len(text))
+
+    async def _fetch(self, target: Target) -> tuple[str, bool, int]:
+        headers = {
+            "Accept": ACCEPT_HEADER,
+            "Accept-Encoding": "gzip",
+            "X-Prometheus-Scrape-Timeout-Seconds": f"{self.timeout_s:g}",
+        }
+        if target.spec.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {target.spec.bearer_token.get_secret_value()}"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._http().get(target.url, headers=headers, allow_redirects=True) as resp:
+                    if resp.status != 200:
+                        raise ScrapeError(f"server returned HTTP status {resp.status} {resp.reason or ''}".strip())
+                    ctype = resp.headers.get("Content-Type", "")
+                    openmetrics = _check_content_type(ctype)
+                    if resp.content_length is not None and resp.content_length > self.body_limit:
+                        raise ScrapeError(self._too_big(resp.content_length))
+                    chunks, size = [], 0
+                    async for chunk in resp.content.iter_chunked(_CHUNK):
+                        size += len(chunk)
+                        if size > self.body_limit:
+                            raise ScrapeError(self._too_big(size, at_least=True))
+                        chunks.append(chunk)
+        except TimeoutError as exc:
+            raise ScrapeError(f"scrape timed out after {self.timeout_s:g}s") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise ScrapeError(f"connection failed: {exc.os_error.strerror or exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise ScrapeError(f"HTTP error: {type(exc).__name__}: {exc}") from exc
+        body = b"".join(chunks)
+        try:
+            return body.decode("utf-8"), openmetrics, size
+        except UnicodeDecodeError as exc:
+            raise ScrapeError(f"body is not valid UTF-8 at byte {exc.start}") from exc
+
+    def _too_big(self, size: int, at_least: bool = False) -> str:
+        more = "more than " if at_least else ""
+        return f"body of {more}{size} bytes exceeds the limit of {self.body_limit} bytes (scrape.body_limit)"
+
+    def _parse(self, target: Target, text: str, openmetrics: bool) -> _Parsed:
+        """Parse the whole payload before writing anything (atomic scrape)."""
+        scanner = Scanner(self.store.keep, openmetrics=openmetrics)
+        cache = target.cache
+        rows: list[tuple[list[Any], float, int | None]] = []
+        new: dict[str, list[Any]] = {}
+        try:
+            for key, value, ts in scanner.scan(text):
+                entry = cache.get(key) or new.get(key)
+                if entry is None:
+                    name, labels = scanner.labels_of(key)
+                    entry = new[key] = [_target_labels(target.spec.labels, name, labels), -1]
+                if ts is not None and not _MIN_TS_MS <= ts <= _MAX_TS_MS:
+                    raise ScrapeError(f"sample timestamp out of range: {key} at {ts} ms")
+                rows.append((entry, value, ts))
+        except ExpositionError as exc:
+            raise ScrapeError(f"invalid exposition format: {exc}") from exc
+        if self.sample_limit and len(rows) > self.sample_limit:
+            raise ScrapeError(f"sample limit exceeded: {len(rows)} > {self.sample_limit} (scrape.sample_limit)")
+        return _Parsed(rows, new, scanner.samples_total)
+
+    def _commit(self, target: Target, parsed: _Parsed, now_ms: int, duration: float, body_bytes: int) -> None:
+        store, cache = self.store, target.cache
+        for key, entry in parsed.new.items():
+            entry[0] = store.series(entry[0])  # labels -> the store's series, created once
+            cache[key] = entry
+        target.iteration += 1
+        it = target.iteration
+        for entry, value, ts in parsed.rows:
+            entry[1] = it
+            series, t = entry[0], now_ms if ts is None else ts
+            stamps = series.ts
+            if stamps and t <= stamps[-1]:  # the rare case: let Series apply the TSDB rules
+                store.note_rejected(series.append(t, value))
+            else:  # the hot path, Series.append inlined
+                stamps.append(t)
+                series.vals.append(value)
+        for key in [k for k, e in cache.items() if e[1] != it]:  # gone since the last scrape
+            cache.pop(key)[0].mark_stale(now_ms)
+        target.health, target.last_error = "up", ""
+        target.samples, target.stored = parsed.samples_total, len(parsed.rows)
+        self._finish(target, now_ms, duration, body_bytes, up=1.0)
+
+    def _record_failure(self, target: Target, now_ms: int, duration: float, error: str, body_bytes: int) -> None:
+        if target.last_error != error or target.health != "down":
+            log.warning("scrape failed", target=target.url, job=target.spec.job, error=error)
+        self._mark_stale(target, now_ms, synthetic=False)
+        target.health, target.last_error = "down", error
+        target.failures += 1
+        target.samples = target.stored = 0
+        self._finish(target, now_ms, duration, body_bytes, up=0.0)
+
+    def _finish(self, target: Target, now_ms: int, duration: float, body_bytes: int, up: float) -> None:
+        target.scrapes += 1
+        target.last_scrape_ms, target.duration_s, target.body_bytes = now_ms, duration, body_bytes
+        for name, value in (
+            ("up", up),
+            ("scrape_duration_seconds", duration),
+            ("scrape_samples_scraped", float(target.samples)),
+            ("scrape_body_size_bytes", float(body_bytes)),
+        ):
+            self._synthetic(target, name).append(now_ms, value)
+
+    def _synthetic(self, target: Target, name: str) -> Series:
+        # the target's labels are sorted already: cheaper than labels_from(), 4 times per target per scrape
+        return self.store.series(tuple(sorted((*target.spec.labels, (METRIC_NAME, name)))))
+
+    def _mark_stale(self, target: Target, now_ms: int, *, synthetic: bool) -> None:
+        for entry in target.cache.values():
+            entry[0].mark_stale(now_ms)
+        target.cache.clear()
+        if synthetic:
+            for name in ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_body_size_bytes"):
+                self._synthetic(target, name).mark_stale(now_ms)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def targets_json(self) -> list[dict[str, Any]]:
+        return [t.as_json() for t in self.targets.values()]
+
+
+@dataclass(slots=True)
+class _Parsed:
+    rows: list[tuple[list[Any], float, int | None]]
+    new: dict[str, list[Any]]
+    samples_total: int
+
+
+def _check_content_type(ctype: str) -> bool:
+    """True for OpenMetrics, False for the text format; anything else is an error."""
+    media = ctype.split(";", 1)[0].strip().lower()  # as content_type_is_openmetrics() reads it
+    if media == OPENMETRICS_MEDIA_TYPE:
+        return True
+    if media in ("", "text/plain"):
+        return False
+    raise ScrapeError(
+        f"unexpected Content-Type {ctype!r}: expected text/plain (Prometheus text format) or "
+        "application/openmetrics-text; is this URL really a /metrics endpoint?"
+    )
+
+
+def _target_labels(target: Labels, name: str, scraped: dict[str, str]) -> Labels:
+    """Attach target labels; a scraped label that clashes becomes ``exported_<name>``
+    (Prometheus' ``honor_labels: false``). Empty label values are dropped."""
+    out = {k: v for k, v in scraped.items() if v != ""}
+    for k, v in target:
+        if k in out:
+            out[f"exported_{k}"] = out.pop(k)
+        out[k] = v
+    out[METRIC_NAME] = name
+    return tuple(sorted(out.items()))

@@ -1,0 +1,344 @@
+"""The agent's one typed configuration, loaded from YAML and validated once at start.
+
+Every problem is reported with its key path and the bad value
+(``targets[2].url: not a URL: 'foo'``), all problems at once, so a user fixes the file
+in one pass. Secrets are never written inline: a secret field is given as
+``<name>_file`` (read from a file, the Kubernetes-secret way) or ``<name>_env`` (read
+from an environment variable); both are resolved here, the only place the process
+environment is read, and the value is held as a :class:`pydantic.SecretStr` that
+prints as ``**********`` in logs, ``sre-agent check`` and ``/api`` output.
+
+Durations are written the Prometheus way (``15s``, ``5m``, ``1h30m``, ``100ms``);
+sizes as ``16MiB``, ``512KiB``, ``1GB`` or plain bytes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from agent.config.act import (
+    ActionConfig,
+    AlertmanagerReceiverConfig,
+    ConsoleReceiverConfig,
+    DiagnosticsConfig,
+    NcclDiagnosisConfig,
+    NotifyConfig,
+    OomDiagnosisConfig,
+    ReceiverConfig,
+    RouteConfig,
+    ScaleWebhookConfig,
+    ScalingConfig,
+    ScalingServiceConfig,
+    SlackReceiverConfig,
+    WebhookReceiverConfig,
+    default_actions,
+    default_route,
+)
+from agent.config.types import (
+    ByteSize,
+    ConfigModel,
+    Duration,
+    check_url,
+    format_duration,
+    parse_duration,
+    parse_size,
+    resolve_secret,
+)
+from agent.errors import ConfigError
+from agent.gocompat import yamlv3
+
+__all__ = [
+    "ActionConfig",
+    "AlertmanagerReceiverConfig",
+    "Config",
+    "ConsoleReceiverConfig",
+    "DiagnosticsConfig",
+    "FileSDConfig",
+    "NcclDiagnosisConfig",
+    "NotifyConfig",
+    "NvmlConfig",
+    "OomDiagnosisConfig",
+    "ReceiverConfig",
+    "RouteConfig",
+    "ScaleWebhookConfig",
+    "ScalingConfig",
+    "ScalingServiceConfig",
+    "ScrapeConfig",
+    "ServerConfig",
+    "SlackReceiverConfig",
+    "StoreConfig",
+    "TargetConfig",
+    "WebhookReceiverConfig",
+    "bundled_rules_dir",
+    "format_duration",
+    "load_config",
+    "parse_duration",
+    "parse_size",
+]
+
+DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm serve --port 8000)
+_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class TargetConfig(ConfigModel):
+    """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL."""
+
+    url: str
+    job: str = "vllm"
+    labels: dict[str, str] = Field(default_factory=dict)
+    bearer_token: SecretStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return check_url(v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _LABEL_NAME_RE.match(name) or name.startswith("__"):
+                raise ValueError(f"invalid label name {name!r}")
+        return v
+
+
+class FileSDConfig(ConfigModel):
+    """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``)."""
+
+    files: list[str] = Field(min_length=1)
+    job: str = "vllm"
+    refresh_interval: Duration = 300.0
+
+
+class ScrapeConfig(ConfigModel):
+    interval: Duration = 15.0
+    timeout: Duration = 10.0
+    body_limit: ByteSize = 16 * 2**20
+    concurrency: int = Field(default=64, ge=1, le=10_000)
+    sample_limit: int = Field(default=0, ge=0, description="0 = unlimited; above it the scrape fails")
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> ScrapeConfig:
+        if self.interval <= 0:
+            raise ValueError("interval must be positive")
+        if not 0 < self.timeout <= self.interval:
+            raise ValueError(
+                f"timeout ({format_duration(self.timeout)}) must be positive and not longer than "
+                f"interval ({format_duration(self.interval)})"
+            )
+        return self
+
+
+class NvmlConfig(ConfigModel):
+    enabled: Literal["auto", "true", "false"] | bool = "auto"
+    interval: Duration = 15.0
+
+    @property
+    def mode(self) -> str:
+        return str(self.enabled).lower()
+
+
+class ServerConfig(ConfigModel):
+    listen: str = "127.0.0.1:9400"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        _, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"not host:port: {v!r}")
+        return v
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+def bundled_rules_dir() -> Path:
+    """The project's ``rules/`` directory (beside the package in a checkout or editable install)."""
+    return Path(__file__).resolve().parents[2] / "rules"
+
+
+class RulesConfig(ConfigModel):
+    """Prometheus rule files (globs allowed) and how to evaluate them. Default: the bundled
+    health rules, so an agent with no config still pages on what the guides document.
+
+    After a restart, alert state comes back from the state database (like Prometheus'
+    ``ALERTS_FOR_STATE``): firing alerts stay firing; pending alerts resume their ``for``
+    with the time already spent, if the agent was down no longer than ``outage_tolerance``.
+    """
+
+    files: list[str] = Field(default_factory=lambda: [str(bundled_rules_dir() / "*.rules.yaml")])
+    evaluation_interval: Duration = 15.0  # default for groups without their own interval
+    external_labels: dict[str, str] = Field(default_factory=dict)
+    external_url: str = ""
+    outage_tolerance: Duration = 3600.0  # Prometheus' --rules.alert.outage-tolerance
+
+    @field_validator("evaluation_interval")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("evaluation_interval must be positive")
+        return v
+
+
+class StateConfig(ConfigModel):
+    path: str = "sre-agent.db"
+
+
+class StoreConfig(ConfigModel):
+    retention: Duration = 3600.0
+    keep: list[str] = Field(default_factory=list, description="metric families to store besides the defaults")
+    keep_all: bool = False
+
+    @field_validator("retention")
+    @classmethod
+    def _at_least_an_hour(cls, v: float) -> float:
+        if v < 3600:
+            raise ValueError("retention must be at least 1h (rules look back up to an hour)")
+        return v
+
+
+class LogConfig(ConfigModel):
+    format: Literal["console", "json"] = "console"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(ConfigModel):
+    """Everything the daemon needs; build it with :func:`load_config`."""
+
+    targets: list[TargetConfig] = Field(default_factory=lambda: [TargetConfig(url=DEFAULT_TARGET)])
+    file_sd: list[FileSDConfig] = Field(default_factory=list)
+    scrape: ScrapeConfig = ScrapeConfig()
+    nvml: NvmlConfig = NvmlConfig()
+    server: ServerConfig = ServerConfig()
+    rules: RulesConfig = RulesConfig()
+    state: StateConfig = StateConfig()
+    store: StoreConfig = StoreConfig()
+    receivers: list[ReceiverConfig] = Field(default_factory=lambda: [ReceiverConfig(name="console",
+                                                                                    console=ConsoleReceiverConfig())])
+    route: RouteConfig = Field(default_factory=default_route)
+    actions: list[ActionConfig] = Field(default_factory=default_actions)
+    notify: NotifyConfig = NotifyConfig()
+    scaling: ScalingConfig = ScalingConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> Config:
+        seen: set[str] = set()
+        for i, t in enumerate(self.targets):
+            if t.url in seen:
+                raise ValueError(f"targets[{i}].url: duplicate target {t.url!r}")
+            seen.add(t.url)
+        names = [r.name for r in self.receivers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"receivers: duplicate name(s) {', '.join(dupes)}")
+        if self.route.receiver is None:
+            raise ValueError("route.receiver: the root route needs a receiver")
+        for path, route in _walk_routes(self.route, "route"):
+            if route.receiver is not None and route.receiver not in names:
+                raise ValueError(f"{path}.receiver: no receiver named {route.receiver!r} "
+                                 f"(receivers: {', '.join(names) or 'none'})")
+        services = [s.name for s in self.scaling.services]
+        for i, action in enumerate(self.actions):
+            if action.service is not None and action.service not in services:
+                raise ValueError(f"actions[{i}].service: no scaling service named {action.service!r}")
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration as plain data, secrets shown as ``**********``."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _walk_routes(route: RouteConfig, path: str) -> list[tuple[str, RouteConfig]]:
+    out = [(path, route)]
+    for i, child in enumerate(route.routes):
+        out.extend(_walk_routes(child, f"{path}.routes[{i}]"))
+    return out
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a YAML config file (``None``: the defaults).
+
+    ``environ`` is the environment to resolve ``*_env`` secrets from; the caller
+    passes ``os.environ`` — nothing else in the agent reads the environment.
+    """
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+        try:
+            data = yamlv3.load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys (targets, scrape, ...)")
+    try:
+        return Config.model_validate(data, context={"environ": dict(environ or {})})
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from exc
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = _loc_path(err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _suggest(err["loc"])
+        elif err["type"] not in ("value_error", "assertion_error") and "input" in err:
+            msg = f"{msg}: {err['input']!r}" if not isinstance(err["input"], dict) else msg
+        lines.append(f"{path}: {msg}" if path else msg)
+    return lines
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _suggest(loc: tuple[int | str, ...]) -> str:
+    """"(did you mean 'interval'?)" for a misspelt key."""
+    model: Any = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part)) if model is not None else None
+        ann: Any = field.annotation if field else None
+        if getattr(ann, "__origin__", None) is list:
+            ann = ann.__args__[0]
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,318 @@
+"""The daemon's diagnostic triggers: when to run the OOM diagnosis and the nccl-tests check.
+
+The diagnoses themselves live in ``agent/diagnose/``; this module decides when they
+run inside the agent and where their findings go (the alert's receivers, in the Slack
+thread of its message, and the incident log):
+
+* **a tailed log file shows OOM evidence** (``diagnostics.oom.log_files``): the new
+  lines, after the engine's start-up lines seen earlier in that file (the API server's
+  arguments, the engine's config line, the memory profile: they hold the
+  ``--gpu-memory-utilization``, model and parallelism the advice depends on), go through
+  :func:`~agent.diagnose.oom.verdict.diagnose_oom`;
+* **a target goes down after its GPU memory was near full**: the last 5 minutes of
+  ``DCGM_FI_DEV_FB_USED`` / ``FB_FREE`` on the target's host peaked above
+  ``diagnostics.oom.gpu_memory_near_full`` — the runtime OOM signature, even with no
+  log line to read;
+* **an alert routed to a ``diagnose`` action fires**: GPU memory alerts get the memory
+  picture of the GPU the alert names (its ``Hostname`` and ``UUID``/``gpu`` labels) and
+  the runtime-OOM advice; the alerts in ``diagnostics.nccl.on_alerts``
+  (throughput far below expectation) start an nccl-tests run, at most once per
+  ``diagnostics.nccl.cooldown``;
+* **the nccl schedule** (a cron expression) runs nccl-tests regularly; the last
+  result is exported on ``/metrics``.
+
+The same finding is not posted twice within 10 minutes, so a log that repeats an OOM
+line, or a target that flaps, does not flood a channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.act.notification import AlertSnapshot
+from agent.config import Config
+from agent.diagnose.findings import Finding, runbook_url
+from agent.diagnose.logtail import LogTailer
+from agent.diagnose.nccl import judge
+from agent.diagnose.nccl.run import command_from_config, run_nccl
+from agent.diagnose.oom.evidence import parse_evidence
+from agent.diagnose.oom.verdict import (
+    DEFAULT_UTILIZATION,
+    OomContext,
+    context_from_store,
+    diagnose_oom,
+    headroom_utilization,
+)
+from agent.errors import DiagnosisError
+from agent.store import Store
+
+__all__ = ["Diagnostics", "DiagnosticsCollector"]
+
+log = structlog.get_logger(__name__)
+
+Post = Callable[[Finding, AlertSnapshot | None], None]
+_DEDUP_MS = 10 * 60_000
+_DOWN_LOOKBACK_MS = 5 * 60_000
+#: Start-up lines that describe the engine a later OOM happens in, in the order vLLM prints
+#: them: the API server's arguments (``--gpu-memory-utilization``, ``--max-num-seqs``, ...), the
+#: engine's config line (model, ``max_seq_len``, tensor parallelism, quantization), the memory
+#: profile (total GPU memory, utilization). The last of each kind per file is kept; a kind seen
+#: again starts a new run, so the kinds after it (from the previous run) are dropped.
+_CONTEXT_MARKERS: tuple[tuple[str, ...], ...] = (
+    ("non-default args:", "args: Namespace("),  # V1 log_non_default_args / V0 api_server
+    ("with config:",),  # "Initializing a V1 LLM engine (v0.12.0) with config: model=..., ..."
+    ("Memory profiling results:", "the current vLLM instance can use total_gpu_memory"),
+)
+_CONTEXT_BYTES = tuple(m.encode() for markers in _CONTEXT_MARKERS for m in markers)
+#: Of a log that exists at start-up, the tail read for its start-up lines: vLLM's stats line
+#: every 10 s is ~2 MB a day, so this reaches back about a month.
+_PRIME_BYTES = 64 << 20
+_GPU_MEMORY_ALERTS = ("GPUMemoryNearFull",)
+
+
+class Diagnostics:
+    """The daemon's diagnostic triggers (see the module docstring). Findings go to ``post``
+    (the act layer's :meth:`~agent.act.ActLayer.post_finding`); ``clock`` and the nccl-tests
+    ``runner`` (:func:`~agent.diagnose.nccl.run.run_nccl`'s signature) are injectable."""
+
+    def __init__(self, config: Config, store: Store, post: Post, *, clock: Callable[[], float] = time.time,
+                 runner: Callable[..., Any] = run_nccl) -> None:
+        self._cfg = config.diagnostics
+        self._store = store
+        self._post = post
+        self._clock = clock
+        self._runner = runner
+        oom = self._cfg.oom
+        self._tailer = LogTailer(oom.log_files) if oom.enabled and oom.log_files else None
+        self._context: dict[str, dict[int, str]] = {}  # path -> context kind -> last line of that kind
+        for path in self._tailer.followed if self._tailer is not None else []:
+            self._prime_context(path)
+        self._health: dict[str, str] = {}
+        self._posted: dict[tuple[str, str, str, str], int] = {}
+        self.findings_total: dict[str, int] = {}
+        self.nccl_last: tuple[judge.NcclResult, str, int] | None = None
+        self._nccl_last_start_ms: int | None = None
+        self._nccl_task: asyncio.Task[tuple[str, list[Finding]]] | None = None
+
+    # -- posting -----------------------------------------------------------------------------
+    def _emit(self, finding: Finding, alert: AlertSnapshot | None, now_ms: int) -> bool:
+        where = alert.fingerprint if alert is not None else ""
+        about = ",".join(f"{k}={v}" for k, v in sorted(finding.labels.items()))  # e.g. which log file
+        key = (finding.kind, where, about, "\n".join(finding.evidence)[:2000])
+        if now_ms - self._posted.get(key, -_DEDUP_MS - 1) <= _DEDUP_MS:
+            return False
+        self._posted = {k: t for k, t in self._posted.items() if now_ms - t <= _DEDUP_MS}
+        self._posted[key] = now_ms
+        self.findings_total[finding.kind] = self.findings_total.get(finding.kind, 0) + 1
+        log.warning("diagnosis finding", kind=finding.kind, summary=finding.summary, setting=finding.setting,
+                    suggested_value=finding.suggested_value, runbook=finding.runbook_url,
+                    alertname=alert.labels.get("alertname", "") if alert is not None else "")
+        self._post(finding, alert)
+        return True
+
+    # -- OOM from tailed logs --------------------------------------------------------------------
+    def poll_logs(self) -> list[Finding]:
+        """Read what the tailed logs gained; diagnose it if it holds OOM evidence."""
+        if self._tailer is None:
+            return []
+        new: dict[str, list[str]] = {}
+        for path, line in self._tailer.poll():
+            new.setdefault(path, []).append(line)
+        now_ms = int(self._clock() * 1000)
+        out: list[Finding] = []
+        for path, lines in new.items():
+            context = self._take_context(path, lines)
+            if not parse_evidence(lines)[0]:  # the usual poll: stats lines, nothing to diagnose
+                continue
+            for found in diagnose_oom([*context, *lines], context=self._local_context(now_ms),
+                                      runbook_base=self._cfg.runbook_base_url):
+                f = replace(found, labels={**found.labels, "log_file": path})
+                if self._emit(f, None, now_ms):
+                    out.append(f)
+        return out
+
+    def _take_context(self, path: str, lines: list[str]) -> list[str]:
+        """The remembered start-up lines of ``path`` that still describe the engine writing
+        ``lines`` (those before the first kind ``lines`` prints again); remembers ``lines``' own."""
+        mem = self._context.setdefault(path, {})
+        kinds = [(k, line) for line in lines if (k := _context_kind(line)) is not None]
+        first = kinds[0][0] if kinds else len(_CONTEXT_MARKERS)
+        context = [mem[k] for k in sorted(mem) if k < first]
+        for k, line in kinds:
+            for later in [j for j in mem if j > k]:
+                del mem[later]
+            mem[k] = line
+        return context
+
+    def _prime_context(self, path: str) -> None:
+        """Remember the start-up lines an existing log already holds: the tailer starts at its end,
+        and an engine started before the agent (or before its restart) printed them there."""
+        try:
+            with open(path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - _PRIME_BYTES))
+                if size > _PRIME_BYTES:
+                    fh.readline()  # the cut first line
+                lines = [raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in fh
+                         if any(m in raw for m in _CONTEXT_BYTES)]
+        except OSError as exc:
+            log.warning("log file unreadable", path=path, error=str(exc))
+            return
+        self._take_context(path, lines)
+
+    def _local_context(self, now_ms: int) -> OomContext:
+        """GPU memory history of the agent's own host (its NVML poller), no engine config."""
+        return context_from_store(self._store, "", now_ms)
+
+    # -- a target went down after GPU memory was near full -------------------------------------------
+    def check_targets(self, targets: Iterable[tuple[str, str]]) -> list[Finding]:
+        """``(instance, health)`` after a scrape cycle; an up → down change is examined."""
+        now_ms = int(self._clock() * 1000)
+        out = []
+        for instance, health in targets:
+            before, self._health[instance] = self._health.get(instance), health
+            if before != "up" or health != "down":
+                continue
+            ctx = context_from_store(self._store, instance, now_ms)
+            recent = [(t, u, total) for t, u, total in ctx.gpu_memory_history if now_ms - t <= _DOWN_LOOKBACK_MS]
+            if not recent:
+                continue
+            t_peak, used, total = max(recent, key=lambda r: r[1] / r[2])
+            if used / total < self._cfg.oom.gpu_memory_near_full:
+                continue
+            f = self._runtime_finding(instance, ctx, used, total, t_peak, went_down=True)
+            if self._emit(f, None, now_ms):
+                out.append(f)
+        return out
+
+    def _runtime_finding(self, instance: str, ctx: OomContext, used: int, total: int, t_ms: int, *,
+                         went_down: bool) -> Finding:
+        # The advice diagnose_oom gives a runtime OOM whose request size is unknown: give oom.STEP of
+        # the GPU back to activations. (The planner's --max-num-seqs, what fits the KV cache at
+        # full length, answers KV-cache pressure; vLLM preallocates the KV cache, so it is not
+        # what runs out here.)
+        util = ctx.gpu_memory_utilization or DEFAULT_UTILIZATION
+        setting, value = "--gpu-memory-utilization", headroom_utilization(util)
+        where = instance or "this host"
+        if went_down:
+            summary = (f"{where} went down after GPU memory reached {used / total:.0%}: a runtime CUDA OOM is the "
+                       "likely cause; leave more headroom for activations.")
+        else:
+            summary = (f"GPU memory on {where} reached {used / total:.0%}: the next activation spike ends in a "
+                       "runtime CUDA OOM; leave more headroom for activations.")
+        evidence = [f"{instance or 'this host'}: GPU memory peaked at {used / total:.1%} "
+                    f"({used / 2**30:.1f} of {total / 2**30:.1f} GiB) at "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t_ms / 1000))}Z"]
+        if went_down:
+            evidence.append(f"{instance}: scrape failed right after (target down)")
+        return Finding(
+            kind="gpu-oom-runtime", severity="critical" if went_down else "warning", summary=summary,
+            evidence=evidence, setting=setting, suggested_value=value,
+            details={"gpu_memory_used_bytes": used, "gpu_memory_total_bytes": total,
+                     "gpu_memory_utilization": util,
+                     "gpu_memory_utilization_assumed": ctx.gpu_memory_utilization is None, "model": ctx.model},
+            runbook_url=runbook_url("diagnosis-gpu-oom-runtime", self._cfg.runbook_base_url),
+            labels={"instance": instance} if instance else {},
+        )
+
+    # -- alert-triggered (the "diagnose" action) -------------------------------------------------------
+    def on_alert(self, alert: AlertSnapshot) -> None:
+        """The ``diagnose`` action: called once when a routed alert starts firing."""
+        name = alert.labels.get("alertname", "")
+        now_ms = int(self._clock() * 1000)
+        if name in self._cfg.nccl.on_alerts:
+            self.request_nccl(reason=f"{name} fired", alert=alert)
+        elif name in _GPU_MEMORY_ALERTS:
+            # The alert is about one GPU: dcgm-exporter (and the agent's NVML poller) name its node in
+            # Hostname and the GPU in UUID/gpu; `instance` is the exporter's address, not the node.
+            lab = alert.labels
+            host = lab.get("Hostname") or lab.get("hostname") or lab.get("instance", "")
+            ctx = context_from_store(self._store, host, now_ms, gpu=lab.get("UUID") or lab.get("gpu") or None)
+            if ctx.gpu_memory_history:
+                t_ms, used, total = max(ctx.gpu_memory_history, key=lambda r: r[1] / r[2])
+                self._emit(self._runtime_finding(host, ctx, used, total, t_ms, went_down=False), alert, now_ms)
+        else:
+            log.debug("no diagnosis for this alert", alertname=name)
+
+    # -- nccl-tests -------------------------------------------------------------------------------------
+    def request_nccl(self, *, reason: str, alert: AlertSnapshot | None = None) -> bool:
+        """Start an nccl-tests run unless disabled, one is running, or the cooldown holds."""
+        cfg = self._cfg.nccl
+        now_ms = int(self._clock() * 1000)
+        if not cfg.enabled:
+            log.info("nccl-tests check not run: diagnostics.nccl.enabled is false", reason=reason)
+            return False
+        if self._nccl_task is not None and not self._nccl_task.done():
+            return False
+        last = self._nccl_last_start_ms
+        if alert is not None and last is not None and now_ms - last < cfg.cooldown * 1000:
+            log.info("nccl-tests check not run: cooldown", reason=reason, cooldown_s=cfg.cooldown)
+            return False
+        self._nccl_last_start_ms = now_ms
+        self._nccl_task = asyncio.get_running_loop().create_task(self.run_nccl_now(reason=reason, alert=alert))
+        return True
+
+    async def run_nccl_now(self, *, reason: str, alert: AlertSnapshot | None = None) -> tuple[str, list[Finding]]:
+        cfg = self._cfg.nccl
+        cmd = command_from_config(cfg)
+        log.info("nccl-tests check started", reason=reason, command=cmd)
+        try:
+            rc, text = await self._runner(cmd, timeout_s=cfg.timeout)
+        except DiagnosisError as exc:
+            text, rc = f"[sre-agent] could not start nccl-tests: {exc}", 127
+        result = judge.parse_nccl(text, exit_code=rc, command=cmd)
+        # diagnostics.nccl.interconnect was checked against the table when the config loaded
+        verdict, findings = judge.check(result, expected_gbps=cfg.expected_gbps,
+                                       interconnect=cfg.interconnect or None, runbook_base=self._cfg.runbook_base_url)
+        now_ms = int(self._clock() * 1000)
+        self.nccl_last = (result, verdict, now_ms)
+        log.info("nccl-tests check done", verdict=verdict, peak_busbw_gbps=result.peak_busbw_gbps,
+                 exit_code=rc)
+        for f in findings:
+            if not f.ok or alert is not None:  # an alert's thread also hears "bandwidth is fine"
+                self._emit(f, alert, now_ms)
+        return verdict, findings
+
+    async def stop(self) -> None:
+        if self._nccl_task is not None and not self._nccl_task.done():
+            self._nccl_task.cancel()
+        if self._tailer is not None:
+            self._tailer.close()
+
+
+def _context_kind(line: str) -> int | None:
+    """The index in :data:`_CONTEXT_MARKERS` of a start-up line, None for any other line."""
+    return next((i for i, markers in enumerate(_CONTEXT_MARKERS) if any(m in line for m in markers)), None)
+
+
+class DiagnosticsCollector(Collector):
+    """Findings by kind and the last nccl-tests result, on the agent's /metrics."""
+
+    def __init__(self, diagnostics: Diagnostics) -> None:
+        self._d = diagnostics
+
+    def collect(self) -> Iterator[Metric]:
+        found = CounterMetricFamily("sre_agent_findings", "Diagnosis findings posted, by kind.", labels=["kind"])
+        for kind, n in sorted(self._d.findings_total.items()):
+            found.add_metric([kind], n)
+        yield found
+        if self._d.nccl_last is None:
+            return
+        result, verdict, at_ms = self._d.nccl_last
+        families: dict[str, GaugeMetricFamily] = {}
+        for name, labels, value in judge.nccl_samples(result, verdict, at_ms, {}):
+            fam = families.get(name)
+            if fam is None:
+                fam = families[name] = GaugeMetricFamily(name, f"{name} (last nccl-tests run).",
+                                                         labels=sorted(labels))
+            fam.add_metric([labels[k] for k in sorted(labels)], value)
+        yield from families.values()

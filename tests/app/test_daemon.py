@@ -1,0 +1,284 @@
+"""Tests for agent.app.daemon and agent.app.server: the wired agent against a simulated fleet and a fake NVML."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.app.daemon import Agent, keep_list
+from agent.config import Config
+from agent.simulate.server import Fleet, FleetConfig
+from agent.store import Matcher
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    f = Fleet(FleetConfig(replicas=2, lmdeploy_replicas=1, base_port=0, control_port=0, step_s=0.2, speed=5))
+    await f.start()
+    await asyncio.sleep(0.5)  # a few model steps so counters move
+    yield f
+    await f.stop()
+
+
+def _config(fleet: Fleet, **extra: object) -> Config:
+    targets = [{"url": u, "job": "lmdeploy" if i == 2 else "vllm"} for i, u in enumerate(fleet.targets)]
+    return Config.model_validate({"targets": targets, "server": {"listen": "127.0.0.1:0"},
+                                  "scrape": {"interval": "1s", "timeout": "1s"},
+                                  "state": {"path": ":memory:"}, **extra})
+
+
+async def test_collect_once_scrapes_fleet_and_gpus(fleet: Fleet) -> None:
+    """One collection stores vLLM, LMDeploy and NVML series; the agent's /metrics re-exports GPUs."""
+    agent = Agent(_config(fleet), nvml_module=FakeNvml([FakeGpu(), FakeGpu()]).module, hostname="node-1")
+    await agent.collect_once()
+    try:
+        assert [t["health"] for t in agent.targets_json()] == ["up", "up", "up"]
+        st = agent.store
+        assert len(list(st.iter_series([Matcher("__name__", "=", "vllm:num_requests_running")]))) == 2
+        assert list(st.iter_series([Matcher("__name__", "=", "lmdeploy:num_requests_waiting")]))
+        fb = list(st.iter_series([Matcher("__name__", "=", "DCGM_FI_DEV_FB_USED")]))
+        assert sorted(dict(s.labels)["gpu"] for s in fb) == ["0", "1"]
+        assert {dict(s.labels)["Hostname"] for s in fb} == {"node-1"}
+        assert not list(st.iter_series([Matcher("__name__", "=", "python_gc_objects_collected_total")]))
+        from prometheus_client.exposition import generate_latest
+
+        fams = {f.name: f for f in text_string_to_metric_families(generate_latest(agent.registry).decode())}
+        assert {s.value for s in fams["sre_agent_target_up"].samples} == {1.0}
+        assert len(fams["DCGM_FI_DEV_FB_USED"].samples) == 2
+        assert agent.status_json()["nvml"]["available"] is True
+    finally:
+        await agent.stop()
+
+
+async def test_missing_nvml_library_is_not_fatal(fleet: Fleet) -> None:
+    """Without the NVML library the agent still scrapes and reports why GPUs are missing."""
+    agent = Agent(_config(fleet), nvml_module=FakeNvml(library_missing=True).module, hostname="n")
+    await agent.collect_once()
+    try:
+        assert all(t["health"] == "up" for t in agent.targets_json())
+        nv = agent.status_json()["nvml"]
+        assert nv["available"] is False and "not found" in nv["reason"].lower()
+    finally:
+        await agent.stop()
+
+
+async def test_nvml_disabled_in_config(fleet: Fleet) -> None:
+    """nvml.enabled: false never touches NVML."""
+    fake = FakeNvml()
+    agent = Agent(_config(fleet, nvml={"enabled": False}), nvml_module=fake.module)
+    await agent.collect_once()
+    await agent.stop()
+    assert agent.nvml is None and fake.initialized == 0 and not fake.calls
+
+
+async def test_http_endpoints(fleet: Fleet) -> None:
+    """The running daemon serves /healthz, /readyz after the first cycle, /metrics and /api/v1/targets."""
+    agent = Agent(_config(fleet), nvml_module=FakeNvml().module, hostname="n")
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as r:
+                assert r.status == 200
+            for _ in range(100):
+                async with http.get(f"{base}/readyz") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.05)
+            assert r.status == 200
+            async with http.get(f"{base}/api/v1/targets") as r:
+                body = await r.json()
+            assert body["status"] == "success"
+            targets = body["data"]["targets"]
+            assert {t["url"] for t in targets} == set(fleet.targets)
+            assert all(set(t) >= {"url", "job", "instance", "health", "last_error", "samples"} for t in targets)
+            async with http.get(f"{base}/metrics") as r:
+                assert r.headers["Content-Type"].startswith("text/plain")
+                text = await r.text()
+            assert "sre_agent_build_info" in text and "sre_agent_store_series" in text
+            async with http.get(f"{base}/api/v1/status") as r:
+                status = (await r.json())["data"]
+            assert status["config"]["server"]["listen"] == "127.0.0.1:0"
+    finally:
+        await agent.stop()
+
+
+async def test_scheduler_keeps_scraping_and_survives_a_dead_target(fleet: Fleet) -> None:
+    """Scheduled cycles go on; a dead target is down while the others stay up."""
+    cfg = _config(fleet)
+    cfg = cfg.model_copy(update={"targets": [*cfg.targets, cfg.targets[0].model_copy(
+        update={"url": "http://127.0.0.1:1/metrics"})]})
+    agent = Agent(cfg, nvml_module=FakeNvml().module, hostname="n")
+    await agent.start(serve_http=False)
+    try:
+        for _ in range(100):
+            if agent.stats.scrape_cycles >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert agent.stats.scrape_cycles >= 2
+        health = {t["url"]: t["health"] for t in agent.targets_json()}
+        assert health.pop("http://127.0.0.1:1/metrics") == "down"
+        assert set(health.values()) == {"up"}
+    finally:
+        await agent.stop()
+
+
+def test_keep_list_defaults_and_extras() -> None:
+    """The default keep-list has the vLLM health families; store.keep adds; keep_all keeps all."""
+    keep = keep_list(Config.model_validate({"store": {"keep": ["my_metric"]}}))
+    assert "vllm:kv_cache_usage_perc" in keep and "vllm:gpu_cache_usage_perc" in keep
+    assert "vllm:time_to_first_token_seconds_bucket" in keep and "DCGM_FI_DEV_FB_USED" in keep
+    assert "my_metric" in keep and "python_info" not in keep
+    assert keep_list(Config.model_validate({"store": {"keep_all": True}})).keeps_all
+
+
+async def test_rules_evaluated_and_served(fleet: Fleet, tmp_path: Path) -> None:
+    """Loaded rules are evaluated on schedule; /api/v1/alerts and /api/v1/rules show them; names are kept."""
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text(
+        "groups:\n  - name: t\n    interval: 1s\n    rules:\n"
+        "      - record: job:my_custom_metric:sum\n        expr: sum by (job) (my_custom_metric)\n"
+        "      - alert: AlwaysOn\n        expr: vector(1)\n        labels: {severity: none}\n"
+    )
+    agent = Agent(_config(fleet, rules={"files": [str(rules)], "evaluation_interval": "1s"}),
+                  nvml_module=FakeNvml().module, hostname="n")
+    assert "my_custom_metric" in agent.store.keep  # names a rule selects are stored
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}"
+    try:
+        for _ in range(100):
+            if agent.rules.alerts():
+                break
+            await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/api/v1/alerts") as r:
+                alerts = (await r.json())["data"]["alerts"]
+            async with http.get(f"{base}/api/v1/rules") as r:
+                groups = (await r.json())["data"]["groups"]
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+        assert [a["labels"]["alertname"] for a in alerts] == ["AlwaysOn"] and alerts[0]["state"] == "firing"
+        assert [r["name"] for r in groups[0]["rules"]] == ["job:my_custom_metric:sum", "AlwaysOn"]
+        assert 'sre_agent_alerts{state="firing"} 1.0' in text
+        assert [e.kind for e in agent.events][:1] == ["firing"]
+    finally:
+        await agent.stop()
+
+
+async def test_jobs_run_on_the_event_loop_thread(fleet: Fleet, tmp_path: Path) -> None:
+    """Scrapes, rule evaluation and retention all run on the loop's thread (the store is single-threaded)."""
+    import threading
+
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: A\n        expr: vector(1)\n")
+    agent = Agent(_config(fleet, rules={"files": [str(rules)]}), nvml_module=FakeNvml().module, hostname="n")
+    threads: set[int] = set()
+    real_evaluate, real_gc = agent.evaluate, agent.gc
+
+    def evaluate(group: object) -> None:
+        threads.add(threading.get_ident())
+        real_evaluate(group)  # type: ignore[arg-type]
+
+    def gc() -> None:
+        threads.add(threading.get_ident())
+        real_gc()
+
+    agent.evaluate, agent.gc = evaluate, gc  # type: ignore[method-assign]
+    await agent.start(serve_http=False)
+    try:
+        await agent._gc_job()
+        for _ in range(100):
+            if agent.rules.alerts():
+                break
+            await asyncio.sleep(0.05)
+        assert agent.rules.alerts()
+        assert threads == {threading.get_ident()}
+    finally:
+        await agent.stop()
+
+
+async def test_incidents_silences_and_act_metrics_are_served(fleet: Fleet, tmp_path: Path) -> None:
+    """An alert becomes an incident with its console notification; silences can be added, listed and
+    expired over the API; /metrics shows notifications sent, outbox depth and silences."""
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n"
+                     "      - alert: AlwaysOn\n        expr: vector(1)\n        labels: {severity: info}\n"
+                     "        annotations: {summary: always}\n")
+    out = tmp_path / "console.txt"
+    with out.open("w", encoding="utf-8") as stream:
+        agent = Agent(_config(fleet, rules={"files": [str(rules)], "evaluation_interval": "1s"},
+                              state={"path": str(tmp_path / "s.db")},
+                              route={"receiver": "console", "group_wait": "1s", "group_interval": "1s"},
+                              notify={"dispatch_interval": "100ms"}),
+                      nvml_module=FakeNvml().module, hostname="n", notify_stream=stream)
+        await agent.start()
+        base = f"http://127.0.0.1:{agent.port}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                incidents: list[dict[str, object]] = []
+                for _ in range(200):  # firing after the first evaluation, notified after group_wait
+                    async with http.get(f"{base}/api/v1/incidents") as r:
+                        incidents = (await r.json())["data"]["incidents"]
+                    if incidents and any(e["kind"] == "notified" for e in incidents[0]["events"]):  # type: ignore[attr-defined]
+                        break
+                    await asyncio.sleep(0.05)
+                async with http.post(f"{base}/api/v1/silences", json={"matchers": ['alertname="AlwaysOn"'],
+                                                                      "duration": "1h", "comment": "test"}) as r:
+                    assert r.status == 200
+                    silence_id = (await r.json())["data"]["silenceID"]
+                async with http.post(f"{base}/api/v1/silences", json={"matchers": ["nonsense"]}) as r:
+                    bad = (r.status, (await r.json())["error"])
+                async with http.get(f"{base}/api/v1/silences") as r:
+                    listed = (await r.json())["data"]["silences"]
+                async with http.get(f"{base}/metrics") as r:
+                    metrics = await r.text()
+                async with http.delete(f"{base}/api/v1/silences/{silence_id}") as r:
+                    expired = r.status
+                async with http.delete(f"{base}/api/v1/silences/{silence_id}") as r:
+                    again = r.status
+        finally:
+            await agent.stop()
+    assert incidents and incidents[0]["alertname"] == "AlwaysOn"
+    kinds = [e["kind"] for e in incidents[0]["events"]]  # type: ignore[attr-defined]
+    assert kinds[:2] == ["fired", "notified"]
+    assert "[FIRING:1] AlwaysOn" in out.read_text(encoding="utf-8")
+    assert bad[0] == 400 and "matcher" in bad[1]
+    assert [s["id"] for s in listed] == [silence_id]
+    assert 'sre_agent_notifications_sent_total{receiver="console"} 1.0' in metrics
+    assert 'sre_agent_outbox_depth{receiver="console"} 0.0' in metrics
+    assert "sre_agent_silences_active 1.0" in metrics
+    assert (expired, again) == (200, 404)
+
+
+async def test_nccl_schedule_and_log_tailing_are_scheduled(fleet: Fleet, tmp_path: Path) -> None:
+    """nccl.schedule becomes a cron job at that time; oom.log_files a polling job; neither without config."""
+    log = tmp_path / "vllm.log"
+    log.touch()
+    agent = Agent(_config(fleet, diagnostics={"oom": {"log_files": [str(log)]},
+                                              "nccl": {"enabled": True, "schedule": "30 3 * * 1"}}),
+                  nvml_module=FakeNvml().module, hostname="n")
+    plain = Agent(_config(fleet), nvml_module=FakeNvml().module, hostname="n")
+    await agent.start(serve_http=False)
+    await plain.start(serve_http=False)
+    try:
+        assert agent._scheduler is not None and plain._scheduler is not None
+        job = agent._scheduler.get_job("nccl")
+        fields = {f.name: str(f) for f in job.trigger.fields}
+        assert (fields["minute"], fields["hour"], fields["day_of_week"]) == ("30", "3", "1")
+        assert agent._scheduler.get_job("oom-logs") is not None
+        assert plain._scheduler.get_job("nccl") is None and plain._scheduler.get_job("oom-logs") is None
+    finally:
+        await agent.stop()
+        await plain.stop()
+
+
+def test_bad_nccl_schedule_is_a_config_error() -> None:
+    """A schedule that is not a 5-field cron expression fails validation, naming the key."""
+    with pytest.raises(ValueError, match="not a cron expression"):
+        Config.model_validate({"diagnostics": {"nccl": {"schedule": "every day"}}})

@@ -1,0 +1,94 @@
+"""Tests for agent.collect.discovery: static targets and Prometheus file_sd files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.collect.discovery import FileSD, all_targets, instance_of, parse_file_sd, static_targets
+from agent.config import FileSDConfig, load_config
+from agent.errors import ConfigError
+
+
+def test_instance_adds_default_port_like_prometheus_2() -> None:
+    """instance is host:port, with the scheme's default port when the URL has none."""
+    assert instance_of("http://10.0.0.1:8000/metrics") == "10.0.0.1:8000"
+    assert instance_of("http://vllm/metrics") == "vllm:80"
+    assert instance_of("https://vllm/metrics") == "vllm:443"
+    assert instance_of("http://[::1]:9/metrics") == "[::1]:9"
+
+
+def test_static_target_labels() -> None:
+    """A static target carries job, instance and its extra labels."""
+    cfg = load_config(None)
+    (spec,) = static_targets(cfg.targets)
+    assert dict(spec.labels) == {"job": "vllm", "instance": "127.0.0.1:8000"}
+
+
+def test_file_sd_json_and_yaml(tmp_path: Path) -> None:
+    """Both file formats give targets with scheme, path, job and labels applied."""
+    (tmp_path / "a.json").write_text(json.dumps([
+        {"targets": ["h1:8000", "h2:8000"], "labels": {"model": "llama", "__metrics_path__": "/m"}},
+    ]))
+    (tmp_path / "b.yaml").write_text("- targets: ['h3:23333']\n  labels: {job: lmdeploy, __scheme__: https}\n")
+    sd = FileSD([FileSDConfig(files=[str(tmp_path / "*.json"), str(tmp_path / "b.yaml")])], clock=lambda: 0.0)
+    specs = {s.url: dict(s.labels) for s in sd.refresh()}
+    assert specs == {
+        "http://h1:8000/m": {"job": "vllm", "instance": "h1:8000", "model": "llama"},
+        "http://h2:8000/m": {"job": "vllm", "instance": "h2:8000", "model": "llama"},
+        "https://h3:23333/metrics": {"job": "lmdeploy", "instance": "h3:23333"},
+    }
+
+
+def test_broken_file_keeps_previous_targets(tmp_path: Path) -> None:
+    """A file that becomes invalid keeps its last good targets and reports the error."""
+    f = tmp_path / "sd.json"
+    f.write_text(json.dumps([{"targets": ["h1:1"]}]))
+    sd = FileSD([FileSDConfig(files=[str(f)])], clock=lambda: 0.0)
+    assert len(sd.refresh()) == 1
+    f.write_text("[{not json")
+    os.utime(f, (1e9, 1e9))
+    assert [s.instance for s in sd.refresh()] == ["h1:1"]
+    assert "cannot parse" in sd.errors()[str(f)]
+
+
+def test_changed_file_reloaded_and_deleted_file_dropped(tmp_path: Path) -> None:
+    """An edited file is re-read on its new mtime; a deleted file's targets go away."""
+    f = tmp_path / "sd.json"
+    f.write_text(json.dumps([{"targets": ["h1:1"]}]))
+    sd = FileSD([FileSDConfig(files=[str(tmp_path / "*.json")])], clock=lambda: 0.0)
+    sd.refresh()
+    f.write_text(json.dumps([{"targets": ["h1:1", "h2:1"]}]))
+    os.utime(f, (2e9, 2e9))
+    assert len(sd.refresh()) == 2
+    f.unlink()
+    assert sd.refresh() == []
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"targets": []}', "expected a list"),
+        ('[{"targets": "h:1"}]', "expected {targets"),
+        ('[{"targets": ["http://h:1/metrics"]}]', "expected host:port"),
+        ('[{"targets": ["h:1"], "labels": {"a": 1}}]', "mapping of strings"),
+    ],
+)
+def test_file_sd_errors_name_the_entry(tmp_path: Path, content: str, message: str) -> None:
+    """Malformed file_sd content is a ConfigError that says what is wrong."""
+    f = tmp_path / "sd.json"
+    f.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        parse_file_sd(f, "vllm")
+
+
+def test_static_wins_over_discovered_duplicate(tmp_path: Path) -> None:
+    """A URL both static and discovered is scraped once, with the static labels."""
+    f = tmp_path / "sd.yaml"
+    f.write_text("- targets: ['127.0.0.1:8000']\n  labels: {job: other}\n")
+    cfg = load_config(None)
+    specs = all_targets(cfg, FileSD([FileSDConfig(files=[str(f)])], clock=lambda: 0.0))
+    assert len(specs) == 1 and specs[0].job == "vllm"

@@ -1,0 +1,324 @@
+"""Tests for agent.collect.scrape against real local HTTP servers: good payloads, bad input, staleness.
+
+Every bad-input case checks two things: the bad target gets a clear error, and a
+healthy target scraped in the same cycle is unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from pydantic import SecretStr
+
+from agent.collect.discovery import TargetSpec, instance_of
+from agent.collect.scrape import ACCEPT_HEADER, Scraper
+from agent.series import is_stale, labels_from
+from agent.store import AppendResult, KeepList, Matcher, Store
+from tests.conftest import FIXTURES, Handler
+
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+GOOD = (
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+    "# TYPE python_gc_objects_collected_total counter\n"
+    'python_gc_objects_collected_total{generation="0"} 100.0\n'
+)
+Start = Callable[[Handler], Awaitable[str]]
+
+
+def _reply(body: str | bytes, ctype: str = TEXT, status: int = 200, **headers: str) -> Handler:
+    async def handler(_: web.Request) -> web.StreamResponse:
+        data = body.encode() if isinstance(body, str) else body
+        return web.Response(body=data, status=status, headers={"Content-Type": ctype, **headers})
+
+    return handler
+
+
+def _spec(url: str, **labels: str) -> TargetSpec:
+    return TargetSpec(url=url, labels=tuple(sorted({"job": "vllm", "instance": instance_of(url), **labels}.items())))
+
+
+def _scraper(store: Store | None = None, **kw: float) -> Scraper:
+    st = store or Store(3_600_000, KeepList(["vllm:num_requests_waiting", "vllm:num_requests_running"]))
+    args = {"timeout_s": 2.0, "body_limit": 1 << 20, "concurrency": 8, **kw}
+    return Scraper(st, timeout_s=args["timeout_s"], body_limit=int(args["body_limit"]),
+                   concurrency=int(args["concurrency"]), sample_limit=int(kw.get("sample_limit", 0)))
+
+
+async def _pair(http_server: Start, bad: Handler, **kw: float) -> tuple[Scraper, str, str]:
+    """One bad target and one good target, scraped in one cycle."""
+    bad_url, good_url = await http_server(bad), await http_server(_reply(GOOD))
+    sc = _scraper(**kw)
+    sc.set_targets([_spec(bad_url), _spec(good_url)])
+    await sc.scrape_all()
+    good = sc.targets[good_url]
+    assert good.health == "up" and good.stored == 1, good.last_error
+    return sc, bad_url, good_url
+
+
+def _values(store: Store, name: str, **match: str) -> list[float]:
+    ms = [Matcher("__name__", "=", name), *(Matcher(k, "=", v) for k, v in match.items())]
+    return [v for s in store.iter_series(ms) for v in s.vals]
+
+
+async def test_scrape_stores_kept_families_with_target_labels(http_server: Start) -> None:
+    """Kept samples get job/instance; other families are counted but not stored; up=1."""
+    url = await http_server(_reply(GOOD))
+    sc = _scraper()
+    sc.set_targets([_spec(url, cluster="a")])
+    await sc.scrape_all()
+    t = sc.targets[url]
+    assert (t.health, t.samples, t.stored) == ("up", 2, 1)
+    labels = labels_from("vllm:num_requests_waiting", {"engine": "0", "model_name": "m", "job": "vllm",
+                                                       "instance": instance_of(url), "cluster": "a"})
+    s = sc.store.get(labels)
+    assert s is not None and list(s.vals) == [3.0]
+    assert _values(sc.store, "python_gc_objects_collected_total") == []
+    assert _values(sc.store, "up", instance=instance_of(url)) == [1.0]
+    assert _values(sc.store, "scrape_samples_scraped", instance=instance_of(url)) == [2.0]
+    assert t.as_json()["health"] == "up" and t.as_json()["samples"] == 2
+    await sc.close()
+
+
+async def test_real_vllm_capture_scrapes(http_server: Start) -> None:
+    """A real vLLM /metrics capture scrapes with every kept family stored."""
+    body = (FIXTURES / "vllm" / "v0_0.7_aibrix_qwen15b_metrics.txt").read_text()
+    url = await http_server(_reply(body))
+    sc = _scraper(Store(3_600_000, KeepList(None)))
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    t = sc.targets[url]
+    assert t.health == "up", t.last_error
+    assert t.stored == t.samples > 20
+    await sc.close()
+
+
+async def test_request_headers(http_server: Start) -> None:
+    """The scraper asks for the text format, offers gzip and sends the bearer token."""
+    seen: dict[str, str] = {}
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        seen.update(req.headers)
+        return web.Response(text=GOOD, headers={"Content-Type": TEXT})
+
+    url = await http_server(handler)
+    sc = _scraper()
+    sc.set_targets([TargetSpec(url, (("instance", "x"), ("job", "vllm")), bearer_token=SecretStr("tok"))])
+    await sc.scrape_all()
+    assert seen["Accept"] == ACCEPT_HEADER
+    assert "gzip" in seen["Accept-Encoding"]
+    assert seen["Authorization"] == "Bearer tok"
+    assert seen["X-Prometheus-Scrape-Timeout-Seconds"] == "2"
+    await sc.close()
+
+
+async def test_gzip_body(http_server: Start) -> None:
+    """A gzip-encoded payload is decompressed."""
+    url = await http_server(_reply(gzip.compress(GOOD.encode()), **{"Content-Encoding": "gzip"}))
+    sc = _scraper()
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    assert sc.targets[url].health == "up" and sc.targets[url].stored == 1
+    await sc.close()
+
+
+@pytest.mark.parametrize(
+    ("handler", "error"),
+    [
+        (_reply('vllm:num_requests_waiting{model_name="m" 1\n'), "invalid exposition format: line 1"),
+        (_reply("vllm:num_requests_waiting 1\nvllm:num_requests_running 2"), "invalid exposition format: line 2"),
+        (_reply("vllm:num_requests_waiting one\n"), "invalid exposition format: line 1"),
+        (_reply("not found", status=404), "HTTP status 404"),
+        (_reply("boom", status=500), "HTTP status 500"),
+        (_reply("<html></html>", ctype="text/html"), "unexpected Content-Type 'text/html'"),
+        (_reply("x" * ((1 << 20) + 10)), "exceeds the limit of 1048576 bytes"),
+        (_reply(b"vllm:num_requests_waiting 1\n\xff\xfe\n"), "not valid UTF-8"),
+    ],
+    ids=["malformed", "truncated", "bad-value", "404", "500", "html", "too-big", "not-utf8"],
+)
+async def test_bad_target_down_with_clear_error(http_server: Start, handler: Handler, error: str) -> None:
+    """Each kind of bad response marks only that target down, with a readable error."""
+    sc, bad, _ = await _pair(http_server, handler)
+    t = sc.targets[bad]
+    assert t.health == "down"
+    assert error in t.last_error
+    assert _values(sc.store, "up", instance=instance_of(bad)) == [0.0]
+    assert _values(sc.store, "vllm:num_requests_waiting", instance=instance_of(bad)) == []  # atomic: nothing kept
+    await sc.close()
+
+
+async def test_hanging_target_does_not_delay_others(http_server: Start) -> None:
+    """A target that accepts and never answers times out; the healthy one finishes on its own time."""
+    release = asyncio.Event()
+
+    async def hang(_: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(text="")
+
+    sc, bad, good = await _pair(http_server, hang, timeout_s=1.0)
+    assert "timed out after 1s" in sc.targets[bad].last_error
+    assert sc.targets[good].duration_s < sc.targets[bad].duration_s
+    release.set()
+    await sc.close()
+
+
+async def test_connection_refused(http_server: Start) -> None:
+    """A closed port is reported as a connection failure."""
+    url = await http_server(_reply(GOOD))
+    sc = _scraper()
+    dead = "http://127.0.0.1:1/metrics"
+    sc.set_targets([_spec(dead), _spec(url)])
+    await sc.scrape_all()
+    assert sc.targets[dead].health == "down" and "connection failed" in sc.targets[dead].last_error
+    assert sc.targets[url].health == "up"
+    await sc.close()
+
+
+async def test_special_values_escapes_and_utf8(http_server: Start) -> None:
+    """NaN/+Inf/-Inf values and escaped, UTF-8 label values are stored exactly."""
+    body = (
+        'vllm:num_requests_waiting{model_name="a\\"b\\\\c\\nd"} NaN\n'
+        'vllm:num_requests_waiting{model_name="modèle-名前"} +Inf\n'
+        'vllm:num_requests_waiting{model_name="neg"} -Inf\n'
+    )
+    url = await http_server(_reply(body))
+    sc = _scraper()
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    got = {dict(s.labels)["model_name"]: s.vals[0] for s in
+           sc.store.iter_series([Matcher("__name__", "=", "vllm:num_requests_waiting")])}
+    assert set(got) == {'a"b\\c\nd', "modèle-名前", "neg"}
+    assert math.isnan(got['a"b\\c\nd']) and not is_stale(got['a"b\\c\nd'])
+    assert got["modèle-名前"] == math.inf and got["neg"] == -math.inf
+    await sc.close()
+
+
+async def test_counter_reset_stored_as_is(http_server: Start) -> None:
+    """A counter that drops (restart) is stored as scraped; rate() handles resets later."""
+    values = iter(["10", "20", "3"])
+
+    async def handler(_: web.Request) -> web.StreamResponse:
+        return web.Response(text=f"vllm:num_requests_running {next(values)}\n", headers={"Content-Type": TEXT})
+
+    url = await http_server(handler)
+    clock = iter([1000.0, 1015.0, 1030.0, 1045.0, 1060.0, 1075.0])
+    sc = Scraper(Store(3_600_000, KeepList(["vllm:num_requests_running"])), timeout_s=2, body_limit=1 << 20,
+                 concurrency=4, clock=lambda: next(clock))
+    sc.set_targets([_spec(url)])
+    for _ in range(3):
+        await sc.scrape_all()
+    assert _values(sc.store, "vllm:num_requests_running") == [10.0, 20.0, 3.0]
+    await sc.close()
+
+
+async def test_duplicate_series_in_one_payload(http_server: Start) -> None:
+    """The same series twice in one payload keeps the first value and counts a duplicate."""
+    body = 'vllm:num_requests_waiting{a="1",b="2"} 1\nvllm:num_requests_waiting{b="2",a="1"} 2\n'
+    url = await http_server(_reply(body))
+    sc = _scraper()
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    assert sc.targets[url].health == "up"
+    assert _values(sc.store, "vllm:num_requests_waiting") == [1.0]
+    assert sc.store.rejected[AppendResult.DUPLICATE] == 1
+    await sc.close()
+
+
+async def test_clashing_label_becomes_exported(http_server: Start) -> None:
+    """A scraped label named like a target label is kept as exported_<name>."""
+    url = await http_server(_reply('vllm:num_requests_waiting{job="inner",instance=""} 1\n'))
+    sc = _scraper()
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    (s,) = sc.store.iter_series([Matcher("__name__", "=", "vllm:num_requests_waiting")])
+    assert dict(s.labels)["exported_job"] == "inner" and dict(s.labels)["job"] == "vllm"
+    assert "exported_instance" not in dict(s.labels)  # empty label values are dropped
+    await sc.close()
+
+
+async def test_staleness_on_vanished_series_and_failed_scrape(http_server: Start) -> None:
+    """A series missing from the next scrape, and every series of a failed scrape, get stale markers."""
+    bodies = iter([
+        'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_waiting{engine="1"} 1\n',
+        'vllm:num_requests_waiting{engine="0"} 2\n',
+        None,
+    ])
+
+    async def handler(_: web.Request) -> web.StreamResponse:
+        body = next(bodies)
+        if body is None:
+            return web.Response(status=503)
+        return web.Response(text=body, headers={"Content-Type": TEXT})
+
+    url = await http_server(handler)
+    clock = iter(float(t) for t in range(1000, 2000, 15))
+    sc = Scraper(Store(3_600_000, KeepList(["vllm:num_requests_waiting"])), timeout_s=2, body_limit=1 << 20,
+                 concurrency=4, clock=lambda: next(clock))
+    sc.set_targets([_spec(url)])
+    for _ in range(3):
+        await sc.scrape_all()
+    by_engine = {dict(s.labels)["engine"]: list(s.vals) for s in
+                 sc.store.iter_series([Matcher("__name__", "=", "vllm:num_requests_waiting")])}
+    assert by_engine["1"][0] == 1 and is_stale(by_engine["1"][1]) and len(by_engine["1"]) == 2
+    assert by_engine["0"][:2] == [1, 2] and is_stale(by_engine["0"][2])
+    await sc.close()
+
+
+async def test_removed_target_marked_stale(http_server: Start) -> None:
+    """Dropping a target from discovery marks its series and its up series stale."""
+    url = await http_server(_reply(GOOD))
+    sc = _scraper()
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    sc.set_targets([])
+    up = _values(sc.store, "up")
+    assert up[0] == 1.0 and is_stale(up[-1])
+    assert is_stale(_values(sc.store, "vllm:num_requests_waiting")[-1])
+    await sc.close()
+
+
+async def test_sample_limit(http_server: Start) -> None:
+    """More kept samples than scrape.sample_limit fails the scrape, Prometheus-style."""
+    body = "".join(f'vllm:num_requests_waiting{{i="{i}"}} 1\n' for i in range(10))
+    sc, bad, _ = await _pair(http_server, _reply(body), sample_limit=5)
+    assert "sample limit exceeded: 10 > 5" in sc.targets[bad].last_error
+    await sc.close()
+
+
+async def test_hundred_thousand_series_from_one_target(http_server: Start) -> None:
+    """A 100k-series payload is stored completely (keep-all) and again cheaply from the cache."""
+    body = "# TYPE big gauge\n" + "".join(f'big{{i="{i}"}} {i}\n' for i in range(100_000))
+    url = await http_server(_reply(body))
+    store = Store(3_600_000, KeepList(None))
+    sc = Scraper(store, timeout_s=30, body_limit=16 << 20, concurrency=4)
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    await sc.scrape_all()
+    t = sc.targets[url]
+    assert t.health == "up" and t.stored == 100_000 and len(t.cache) == 100_000
+    assert store.stats()["series"] >= 100_000
+    await sc.close()
+
+
+async def test_openmetrics_response_accepted(http_server: Start) -> None:
+    """A target that answers OpenMetrics anyway is parsed as OpenMetrics."""
+    body = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 4.0\n# EOF\n"
+    url = await http_server(_reply(body, ctype="application/openmetrics-text; version=1.0.0; charset=utf-8"))
+    sc = _scraper()
+    sc.set_targets([_spec(url)])
+    await sc.scrape_all()
+    assert sc.targets[url].health == "up", sc.targets[url].last_error
+    assert _values(sc.store, "vllm:num_requests_waiting") == [4.0]
+    await sc.close()
+
+
+def test_fixture_file_exists() -> None:
+    """The real vLLM captures used above are part of the repository."""
+    assert Path(FIXTURES / "vllm" / "v0_0.7_aibrix_qwen15b_metrics.txt").exists()

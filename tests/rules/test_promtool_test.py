@@ -1,0 +1,106 @@
+"""Parity of `sre-agent rules test` with `promtool test rules` (Prometheus 2.42), the real thing.
+
+Both run the same promtool-format files. Beyond the shipped tests (which both must
+pass), every alert test is re-run with its eval_time moved around the `for` boundary and
+every expression test with its eval_time moved, keeping the expectations: some variants
+pass and some fail, and the agent must pass and fail exactly the same ones as promtool.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import format_duration, parse_duration
+from agent.gocompat import yamlv3
+from agent.rules.promtool_test import run_test_file
+from tests.conftest import REPO
+
+TEST_FILES = sorted((REPO / "tests" / "promtool").glob("*.yaml"))
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (CI installs Debian's prometheus)")
+
+
+def _promtool_failed_groups(path: Path) -> tuple[int, set[str]]:
+    assert PROMTOOL is not None
+    res = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, check=False,
+                         timeout=300)
+    return res.returncode, set(re.findall(r"^\s*name: (\S+),$", res.stdout + res.stderr, re.MULTILINE))
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=[p.name for p in TEST_FILES])
+def test_shipped_rule_tests_pass_on_the_agent(path: Path) -> None:
+    """Every shipped promtool test file passes on the agent's own engine."""
+    result = run_test_file(path)
+    assert result.ok, "\n".join(result.failures)
+    assert result.tests > 0
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", TEST_FILES, ids=[p.name for p in TEST_FILES])
+def test_shipped_rule_tests_pass_on_promtool(path: Path) -> None:
+    """Every shipped promtool test file passes on promtool itself."""
+    code, failed = _promtool_failed_groups(path)
+    assert code == 0 and not failed
+
+
+def _variants(doc: dict[str, Any]) -> dict[str, Any]:
+    """One test group per (alert or expr test, eval_time shift), expectations unchanged."""
+    step = parse_duration(doc.get("evaluation_interval", "1m"))
+    groups = []
+    for gi, group in enumerate(doc.get("tests") or []):
+        base = {k: v for k, v in group.items() if k not in ("alert_rule_test", "promql_expr_test", "name")}
+        for ti, t in enumerate(group.get("alert_rule_test") or []):
+            for shift in (-2, -1, 1):
+                at = parse_duration(t["eval_time"]) + shift * step
+                if at < 0:
+                    continue
+                g = copy.deepcopy(base)
+                g["name"] = f"g{gi}-alert{ti}-shift{shift}"
+                g["alert_rule_test"] = [{**t, "eval_time": format_duration(at)}]
+                groups.append(g)
+        for ti, t in enumerate(group.get("promql_expr_test") or []):
+            for shift in (-1, 1):
+                at = parse_duration(t["eval_time"]) + shift * step
+                if at < 0:
+                    continue
+                g = copy.deepcopy(base)
+                g["name"] = f"g{gi}-expr{ti}-shift{shift}"
+                g["promql_expr_test"] = [{**t, "eval_time": format_duration(at)}]
+                groups.append(g)
+    return {**{k: v for k, v in doc.items() if k != "tests"}, "tests": groups}
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", TEST_FILES, ids=[p.name for p in TEST_FILES])
+def test_agent_and_promtool_agree_on_shifted_tests(path: Path, tmp_path: Path) -> None:
+    """Around every `for` boundary and eval time, the agent passes and fails exactly what promtool does."""
+    import yaml
+
+    doc = yamlv3.load(path.read_text())
+    doc["rule_files"] = [str((path.parent / f).resolve()) for f in doc["rule_files"]]
+    variants = _variants(doc)
+    alert_groups = [g for g in variants["tests"] if "alert_rule_test" in g]
+    expr_groups = [g for g in variants["tests"] if "promql_expr_test" in g]
+    # promtool names the failing group only for alert tests, so those run batched in one file
+    # and each expression variant runs in a file of its own.
+    batch = tmp_path / "alerts.yaml"
+    batch.write_text(yaml.safe_dump({**variants, "tests": alert_groups}, sort_keys=False))
+    ours = set(run_test_file(batch).failed_groups)
+    _, theirs = _promtool_failed_groups(batch)
+    for g in expr_groups:
+        single = tmp_path / f"{g['name']}.yaml"
+        single.write_text(yaml.safe_dump({**variants, "tests": [g]}, sort_keys=False))
+        if not run_test_file(single).ok:
+            ours.add(g["name"])
+        if _promtool_failed_groups(single)[0] != 0:
+            theirs.add(g["name"])
+    assert ours == theirs, f"only the agent failed: {sorted(ours - theirs)}; only promtool: {sorted(theirs - ours)}"
+    assert theirs, "no variant failed: the shifts did not exercise any boundary"
+    assert len(theirs) < len(variants["tests"]), "every variant failed: the shifts are too coarse to compare"
