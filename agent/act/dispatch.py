@@ -35,12 +35,19 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from agent.act.notification import AlertSnapshot, Notification, Status, fingerprint, group_key_hash, json_number
+from agent.act.notification import (
+    VALIDITY_FACTOR,
+    AlertSnapshot,
+    Notification,
+    Status,
+    fingerprint,
+    group_key_hash,
+    json_number,
+)
 from agent.act.outbox import DeliveryStats, OutboxDelivery
 from agent.act.routing import Route, Router, active_silences, group_for, muted_by
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink
-from agent.act.sinks.alertmanager import VALIDITY_FACTOR
 from agent.act.state import NflogEntry, StateDB
 from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding

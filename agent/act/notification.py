@@ -21,9 +21,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AlertSnapshot", "Notification", "Status", "fingerprint", "group_key_hash", "json_number"]
+__all__ = ["VALIDITY_FACTOR", "AlertSnapshot", "Notification", "Status", "fingerprint", "group_key_hash", "json_number"]
 
 Status = Literal["firing", "resolved"]
+
+#: Prometheus' sending rule: a firing alert's ``endsAt`` is now + 4 × max(evaluation interval,
+#: resend delay), so Alertmanager resolves it by itself if the sender stops. The dispatcher
+#: applies it; the Alertmanager sink falls back to it for a snapshot without an end.
+VALIDITY_FACTOR = 4
 Kind = Literal["alerts", "finding", "scale"]
 
 

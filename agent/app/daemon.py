@@ -30,12 +30,12 @@ from apscheduler.triggers.cron import CronTrigger
 from agent.act import ActCollector, ActLayer
 from agent.app.server import build_app, serve
 from agent.app.telemetry import AgentCollector, build_registry
+from agent.app.triggers import Diagnostics, DiagnosticsCollector
 from agent.collect import catalog
 from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
 from agent.collect.nvml import NvmlSource
 from agent.collect.scrape import Scraper
 from agent.config import Config
-from agent.diagnose.triggers import Diagnostics, DiagnosticsCollector
 from agent.promql import Engine
 from agent.rules.files import GroupSpec, load_rule_files
 from agent.rules.manager import AlertEvent, Group, RuleManager

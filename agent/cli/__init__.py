@@ -31,6 +31,7 @@ from agent.cli import plan as plan_cmd
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.cli.silence import add_parsers as add_act_parsers
 from agent.config import Config, bundled_rules_dir, load_config
+from agent.diagnose.nccl.interconnects import check_configured
 from agent.errors import AgentError, ConfigError, RuleError
 from agent.gocompat import yamlv3
 from agent.rules.files import load_rule_files, parse_rule_file
@@ -165,7 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load(args: argparse.Namespace) -> Config:
-    return load_config(getattr(args, "config", None), os.environ)
+    """The validated config, with the checks of the layers above the config model too."""
+    config = load_config(getattr(args, "config", None), os.environ)
+    check_configured(config.diagnostics.nccl.interconnect)
+    return config
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from agent.app.logs import configure_logging
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.config import NcclDiagnosisConfig, load_config, parse_duration
 from agent.diagnose.findings import DEFAULT_RUNBOOK_BASE, Finding
-from agent.diagnose.nccl.interconnects import INTERCONNECTS
+from agent.diagnose.nccl.interconnects import INTERCONNECTS, check_configured
 from agent.diagnose.nccl.judge import NcclResult, check, parse_nccl, size_text, to_json
 from agent.diagnose.nccl.run import (
     Progress,
@@ -94,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     runbook_base = DEFAULT_RUNBOOK_BASE
     if args.config is not None:
         full = load_config(args.config, os.environ)
+        check_configured(full.diagnostics.nccl.interconnect)
         config, runbook_base = full.diagnostics.nccl, full.diagnostics.runbook_base_url
     # A flag beats the config; --interconnect on the command line beats a configured expected_gbps.
     expected = args.expected_gbps if args.expected_gbps is not None or args.interconnect else config.expected_gbps

@@ -14,7 +14,6 @@ from apscheduler.triggers.cron import CronTrigger
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from agent.config.types import ConfigModel, Duration, check_url, resolve_secret
-from agent.diagnose.nccl.interconnects import expected_busbw
 from agent.matchers import Matcher, parse_matchers
 
 __all__ = [
@@ -270,18 +269,10 @@ class NcclDiagnosisConfig(ConfigModel):
     schedule: str = ""  # cron expression (5 fields), e.g. "0 3 * * *"; empty: only on alerts
     on_alerts: list[str] = Field(default_factory=lambda: ["VLLMGenerationThroughputLow"])
     cooldown: Duration = 3600.0
-    interconnect: str = ""  # a key of the expected-bandwidth table; empty: guess from GPU count
+    # a key of the expected-bandwidth table (checked at start-up by
+    # agent.diagnose.nccl.interconnects.check_configured); empty: guess from GPU count
+    interconnect: str = ""
     expected_gbps: float | None = None  # overrides the table
-
-    @field_validator("interconnect")
-    @classmethod
-    def _interconnect(cls, v: str) -> str:
-        if v:
-            try:
-                expected_busbw(v)  # the published-bandwidth table (pure data, no agent imports)
-            except KeyError as exc:
-                raise ValueError(str(exc.args[0])) from exc
-        return v
 
     @field_validator("schedule")
     @classmethod

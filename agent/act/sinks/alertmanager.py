@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from agent.act.notification import AlertSnapshot, Notification
+from agent.act.notification import VALIDITY_FACTOR, AlertSnapshot, Notification
 from agent.act.sinks.http import encode_json, post_json, user_agent
 from agent.config import AlertmanagerReceiverConfig
 from agent.series import iso_ms
@@ -35,7 +35,6 @@ __all__ = ["AlertmanagerSink", "alerts_v2_payload", "format_rfc3339_ms"]
 log = structlog.get_logger(__name__)
 
 API_PATH = "/api/v2/alerts"
-VALIDITY_FACTOR = 4  # Prometheus: endsAt = now + 4 × max(eval interval, resend delay) while firing
 
 
 format_rfc3339_ms = iso_ms  # the form Prometheus sends: always 3 fraction digits

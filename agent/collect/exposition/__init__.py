@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
 from operator import length_hint
 
 from agent.collect.exposition.openmetrics import OpenMetricsScan, check_family
-from agent.collect.exposition.syntax import Malformed, parse_series
+from agent.collect.exposition.syntax import Malformed, MetricFamily, ParsedSample, ScannedSample, parse_series
 from agent.collect.exposition.text import TextScan, text_value_timestamp
 from agent.errors import ExpositionError
 
@@ -59,9 +58,6 @@ __all__ = [
 
 #: The media type (Content-Type without parameters) of OpenMetrics text.
 OPENMETRICS_MEDIA_TYPE = "application/openmetrics-text"
-
-#: What :meth:`Scanner.scan` yields: ``(series_text, value, timestamp_ms)``.
-ScannedSample = tuple[str, float, int | None]
 
 #: A series text with neither blanks nor escapes (what exporters write), for a quick split;
 #: text format allows a trailing comma, OpenMetrics does not.
@@ -80,28 +76,6 @@ _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 _Malformed = Malformed
 _parse_series = parse_series
 _text_value_timestamp = text_value_timestamp
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedSample:
-    """One sample of a fully parsed payload."""
-
-    name: str
-    labels: dict[str, str]
-    value: float
-    timestamp_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MetricFamily:
-    """A family with its metadata; ``type`` is ``untyped`` (text) or ``unknown``
-    (OpenMetrics) when no ``# TYPE`` line named it."""
-
-    name: str
-    type: str
-    help: str
-    unit: str
-    samples: list[ParsedSample]
 
 
 def content_type_is_openmetrics(content_type: str) -> bool:

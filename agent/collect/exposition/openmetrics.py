@@ -26,21 +26,20 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from operator import length_hint
-from typing import TYPE_CHECKING
 
 from agent.collect.exposition.syntax import (
     HISTOGRAMS,
     NAME_AT,
     Malformed,
+    MetricFamily,
+    ParsedSample,
+    ScannedSample,
     go_float,
     no_name,
     parse_labelset,
     unescape_lenient,
 )
 from agent.errors import ExpositionError
-
-if TYPE_CHECKING:
-    from agent.collect.exposition import MetricFamily, ParsedSample, ScannedSample
 
 __all__ = ["OpenMetricsScan", "check_family"]
 

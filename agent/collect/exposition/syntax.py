@@ -9,6 +9,10 @@ Each rule here is written once, with the format passed as ``om``, so the two par
 cannot drift apart on what they have in common. Everything here is strict: it answers
 what Prometheus' Go parser, or the OpenMetrics test-suite, would accept.
 
+The parse results both formats produce (:data:`ScannedSample`, :class:`ParsedSample`,
+:class:`MetricFamily`) are defined here too, the lowest module of the package, so the
+formats and the scanner that chooses between them import them from below.
+
 Helpers report a syntax error with :class:`Malformed`, which carries no line number; the
 scanners translate it into :class:`agent.errors.ExpositionError` at the line they are on.
 """
@@ -17,11 +21,15 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 __all__ = [
     "HISTOGRAMS",
     "NAME_AT",
     "Malformed",
+    "MetricFamily",
+    "ParsedSample",
+    "ScannedSample",
     "go_float",
     "no_name",
     "parse_labelset",
@@ -32,6 +40,32 @@ __all__ = [
 ]
 
 _INF = math.inf
+
+#: What a scan yields: ``(series_text, value, timestamp_ms)``.
+ScannedSample = tuple[str, float, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedSample:
+    """One sample of a fully parsed payload."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricFamily:
+    """A family with its metadata; ``type`` is ``untyped`` (text) or ``unknown``
+    (OpenMetrics) when no ``# TYPE`` line named it."""
+
+    name: str
+    type: str
+    help: str
+    unit: str
+    samples: list[ParsedSample]
+
 
 #: A metric name at the start of a string (legacy charset, as Prometheus 2.x).
 NAME_AT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

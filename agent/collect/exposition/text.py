@@ -24,21 +24,18 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from operator import length_hint
-from typing import TYPE_CHECKING
 
 from agent.collect.exposition.syntax import (
     HISTOGRAMS,
     NAME_AT,
     Malformed,
+    ScannedSample,
     go_float,
     no_name,
     skip_blanks,
     unescape_strict,
 )
 from agent.errors import ExpositionError
-
-if TYPE_CHECKING:
-    from agent.collect.exposition import ScannedSample
 
 __all__ = ["TextScan", "text_value_timestamp"]
 

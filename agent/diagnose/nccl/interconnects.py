@@ -21,9 +21,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent.errors import ConfigError
+
 __all__ = [
     "INTERCONNECTS",
     "Interconnect",
+    "check_configured",
     "expected_busbw",
     "guess_interconnect",
     "nvlink_busbw",
@@ -119,6 +122,21 @@ def expected_busbw(interconnect: str) -> float:
     if m.group("n") and not entry.per_nic:
         raise KeyError(f"{entry.key} takes no count (only network keys do, e.g. ib-400gx8)")
     return entry.busbw_gbps * nics
+
+
+def check_configured(interconnect: str, *, key: str = "diagnostics.nccl.interconnect") -> None:
+    """Refuse a configured interconnect the table does not know, naming the config key.
+
+    Why here and not in the config model: the config is the foundation every layer reads and
+    imports nothing above it; the table is this layer's data. The CLI and the daemon call this
+    once at start-up, so an unknown key still stops ``run`` and ``check`` before anything starts.
+    """
+    if not interconnect:
+        return
+    try:
+        expected_busbw(interconnect)
+    except KeyError as exc:
+        raise ConfigError(f"{key}: {exc.args[0]}") from exc
 
 
 def _model_key(model: str, table: list[tuple[re.Pattern[str], str]]) -> str | None:

@@ -43,6 +43,7 @@ from agent.config import Config
 from agent.diagnose.findings import Finding, runbook_url
 from agent.diagnose.logtail import LogTailer
 from agent.diagnose.nccl import judge
+from agent.diagnose.nccl.interconnects import check_configured
 from agent.diagnose.nccl.run import command_from_config, run_nccl
 from agent.diagnose.oom.evidence import parse_evidence
 from agent.diagnose.oom.verdict import (
@@ -86,6 +87,7 @@ class Diagnostics:
 
     def __init__(self, config: Config, store: Store, post: Post, *, clock: Callable[[], float] = time.time,
                  runner: Callable[..., Any] = run_nccl) -> None:
+        check_configured(config.diagnostics.nccl.interconnect)
         self._cfg = config.diagnostics
         self._store = store
         self._post = post

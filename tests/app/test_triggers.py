@@ -1,4 +1,4 @@
-"""Tests for agent.diagnose.triggers: OOM evidence in tailed logs, a target that went down with its GPU
+"""Tests for agent.app.triggers: OOM evidence in tailed logs, a target that went down with its GPU
 memory full, the diagnose action on alerts (GPU memory, nccl-tests with its cooldown), the
 findings metrics, and one end-to-end OOM story through the in-process daemon and a real simulator.
 
@@ -22,10 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.act.notification import AlertSnapshot
 from agent.app.daemon import Agent
+from agent.app.triggers import Diagnostics, DiagnosticsCollector
+from agent.cli import main
 from agent.config import Config, load_config
 from agent.diagnose.findings import Finding
 from agent.diagnose.nccl.run import run_nccl
-from agent.diagnose.triggers import Diagnostics, DiagnosticsCollector
 from agent.errors import ConfigError
 from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
@@ -384,14 +385,19 @@ async def test_first_alert_run_is_allowed_with_a_clock_that_starts_near_zero() -
     assert len(ran) == 1
 
 
-def test_unknown_interconnect_is_refused_at_start_up(tmp_path: Path) -> None:
-    """A diagnostics.nccl.interconnect missing from the bandwidth table is a config error naming the known keys."""
+def test_unknown_interconnect_is_refused_at_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A diagnostics.nccl.interconnect missing from the bandwidth table stops `check`, `run` and the
+    diagnostics themselves with a config error naming the key and the known keys."""
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("diagnostics: {nccl: {enabled: true, interconnect: no-such-link}}\n")
-    with pytest.raises(ConfigError) as err:
-        load_config(cfg, {})
-    assert "diagnostics.nccl.interconnect: unknown interconnect 'no-such-link'" in str(err.value)
-    assert "a100-nvswitch" in str(err.value)
+    for command in (["check", "--config", str(cfg)], ["run", "--once", "--config", str(cfg)],
+                    ["nccl", "--config", str(cfg), "--parse", str(cfg)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "diagnostics.nccl.interconnect: unknown interconnect 'no-such-link'" in err, command
+        assert "a100-nvswitch" in err
+    with pytest.raises(ConfigError, match=r"diagnostics\.nccl\.interconnect: unknown interconnect"):
+        _diagnostics(load_config(cfg, {}))
 
 
 # ---- DiagnosticsCollector ----------------------------------------------------------------------------
