@@ -42,10 +42,10 @@ def _run(db: StateDB, n: int) -> list[float]:
     for i in range(n):
         t0 = time.perf_counter()
         now = 1_700_000_000_000 + i
-        db.enqueue(_notification(i), now_ms=now)
-        for item in db.due(now):
-            db.begin_attempt(item.id, next_attempt_ms=now + 1000)
-            db.ack(item.id, now_ms=now)
+        db.outbox.enqueue(_notification(i), now_ms=now)
+        for item in db.outbox.due(now):
+            db.outbox.begin_attempt(item.id, next_attempt_ms=now + 1000)
+            db.outbox.ack(item.id, now_ms=now)
         out.append(time.perf_counter() - t0)
     return out
 

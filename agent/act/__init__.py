@@ -49,7 +49,7 @@ def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
         if r.console is not None:
             sinks[r.name] = ConsoleSink(r.name, stream or sys.stdout)
         elif r.slack is not None:
-            sinks[r.name] = SlackSink(r.name, r.slack, db)
+            sinks[r.name] = SlackSink(r.name, r.slack, db.nflog)
         elif r.webhook is not None:
             sinks[r.name] = WebhookSink(r.name, r.webhook, session)
         elif r.alertmanager is not None:
@@ -73,7 +73,7 @@ class ActLayer:
         self._stream = stream
         self.db = StateDB(config.state.path)
         now_ms = int(clock() * 1000)
-        restored = rules.restore(self.db.load_rule_alerts(), now_ms,
+        restored = rules.restore(self.db.alert_states.load(), now_ms,
                                  outage_tolerance_ms=int(config.rules.outage_tolerance * 1000))
         if restored:
             log.info("alert state restored", alerts=restored, state=config.state.path)
@@ -88,7 +88,7 @@ class ActLayer:
         sinks = build_sinks(self.config, self.db, self._session, stream=self._stream)
         self.dispatcher = Dispatcher(self.config, self.db, self.router, sinks, scaler=self.scaler,
                                      diagnose=self._diagnose, clock=self._clock)
-        depth = self.db.outbox_depth()
+        depth = self.db.outbox.depth()
         if depth:
             log.info("outbox has undelivered notifications from before; delivering", queues=depth)
 
@@ -101,7 +101,7 @@ class ActLayer:
         """After a group's evaluation: persist its alert state, then notify and act."""
         with self.db.transaction():
             for key, saved in self._rules.export_group(group).items():
-                self.db.save_rule_alerts(key, saved, now_ms)
+                self.db.alert_states.save(key, saved, now_ms)
         if self.dispatcher is None:
             return
         alerts = [a for r in group.rules for a in r.alerts.values()]
@@ -130,7 +130,7 @@ class ActLayer:
         return int(self._clock() * 1000)
 
     def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
-        return [i.to_json() for i in self.db.incidents(limit=limit)]
+        return [i.to_json() for i in self.db.incidents.list(limit=limit)]
 
     def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
         """``{"matchers": ['alertname="X"'], "duration": "2h", "createdBy": ..., "comment": ...}``
@@ -145,17 +145,17 @@ class ActLayer:
             ends_ms = now_ms + int(parse_duration(body.get("duration", "1h")) * 1000)
         if ends_ms <= now_ms:
             raise ValueError("the silence would end in the past")
-        silence = self.db.add_silence([str(m) for m in matchers], starts_ms=now_ms, ends_ms=ends_ms,
+        silence = self.db.silences.add([str(m) for m in matchers], starts_ms=now_ms, ends_ms=ends_ms,
                                       created_by=str(body.get("createdBy", "api")),
                                       comment=str(body.get("comment", "")))
         log.info("silence added", id=silence.id, matchers=matchers, ends_ms=ends_ms)
         return {"silenceID": silence.id}
 
     def expire_silence(self, silence_id: str) -> bool:
-        return self.db.expire_silence(silence_id, now_ms=self.now_ms())
+        return self.db.silences.expire(silence_id, now_ms=self.now_ms())
 
     def silences_json(self) -> list[dict[str, Any]]:
-        return [s.to_json() for s in self.db.silences(now_ms=self.now_ms(), include_expired=True)]
+        return [s.to_json() for s in self.db.silences.list(now_ms=self.now_ms(), include_expired=True)]
 
 
 class ActCollector(Collector):
@@ -176,7 +176,7 @@ class ActCollector(Collector):
         depth = GaugeMetricFamily("sre_agent_outbox_depth", "Notifications waiting in the outbox.", labels=lbl)
         d = self._act.dispatcher
         queues = set(d.sinks) if d is not None else set()
-        outbox = self._act.db.outbox_depth()
+        outbox = self._act.db.outbox.depth()
         for q in sorted(queues | set(outbox)):
             if d is not None:
                 sent.add_metric([q], d.stats.sent.get(q, 0))
@@ -190,5 +190,5 @@ class ActCollector(Collector):
             desired.add_metric([service], n)
         silences = GaugeMetricFamily("sre_agent_silences_active", "Silences in effect now.")
         now_ms = self._act.now_ms()
-        silences.add_metric([], sum(s.active(now_ms) for s in self._act.db.silences(now_ms=now_ms)))
+        silences.add_metric([], sum(s.active(now_ms) for s in self._act.db.silences.list(now_ms=now_ms)))
         yield from (sent, failed, retried, depth, desired, silences)

@@ -152,15 +152,15 @@ class Dispatcher:
             fp = fingerprint(labels)
             if e.kind == "firing":
                 with self._db.transaction():
-                    self._db.open_incident(fingerprint=fp, alertname=e.rule, labels=labels,
+                    self._db.incidents.open(fingerprint=fp, alertname=e.rule, labels=labels,
                                            severity=labels.get("severity", ""),
                                            summary=e.alert.annotations.get("summary", ""), started_ms=e.at_ms)
-                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="fired",
+                    self._db.incidents.add_event(fp, at_ms=e.at_ms, kind="fired",
                                                 detail={"value": json_number(e.alert.value)})
             elif e.kind == "resolved":
                 with self._db.transaction():
-                    self._db.add_incident_event(fp, at_ms=e.at_ms, kind="resolved", detail={})
-                    self._db.resolve_incident(fp, resolved_ms=e.at_ms)
+                    self._db.incidents.add_event(fp, at_ms=e.at_ms, kind="resolved", detail={})
+                    self._db.incidents.resolve(fp, resolved_ms=e.at_ms)
 
     # -- grouped receivers (Alertmanager's dispatcher) --------------------------------------
     def _insert(self, route: Route, snap: AlertSnapshot, now_ms: int) -> None:
@@ -177,7 +177,7 @@ class Dispatcher:
         due = [gid for gid, ag in self._groups.items() if ag.next_flush_ms <= now_ms]
         if not due:
             return 0
-        silences = active_silences(self._db.silences(now_ms=now_ms), now_ms)  # read and parsed once a round
+        silences = active_silences(self._db.silences.list(now_ms=now_ms), now_ms)  # read and parsed once a round
         for gid in due:
             ag = self._groups[gid]
             ag.next_flush_ms = now_ms + int(ag.route.group_interval_s * 1000)
@@ -196,14 +196,14 @@ class Dispatcher:
         resolved = [a for a in unmuted if a.status == "resolved"]
         if not firing and not resolved:  # everything silenced: Alertmanager's MuteStage stops here
             return 0
-        entry = self._db.get_nflog(route.receiver, ag.key)
+        entry = self._db.nflog.get(route.receiver, ag.key)
         fset, rset = frozenset(a.fingerprint for a in firing), frozenset(a.fingerprint for a in resolved)
         if not _needs_update(entry, fset, rset, send_resolved=route.send_resolved,
                              repeat_ms=int(route.repeat_interval_s * 1000), now_ms=now_ms):
             return 0
         shown = firing + (resolved if route.send_resolved else [])
         if not shown:  # everything resolved, send_resolved off: just forget what was sent
-            self._db.delete_nflog(route.receiver, ag.key)
+            self._db.nflog.delete(route.receiver, ag.key)
             return 0
         digest = hashlib.sha256(",".join([*sorted(fset), "|", *sorted(rset)]).encode()).hexdigest()[:12]
         n = Notification(
@@ -214,11 +214,11 @@ class Dispatcher:
             external_url=self._external_url,
         )
         with self._db.transaction():
-            self._db.enqueue(n, now_ms=now_ms)
+            self._db.outbox.enqueue(n, now_ms=now_ms)
             if firing:
-                self._db.put_nflog(route.receiver, ag.key, NflogEntry(fset, rset, now_ms))
+                self._db.nflog.put(route.receiver, ag.key, NflogEntry(fset, rset, now_ms))
             else:
-                self._db.delete_nflog(route.receiver, ag.key)
+                self._db.nflog.delete(route.receiver, ag.key)
         log.info("notification queued", receiver=route.receiver, group=ag.key, firing=len(firing),
                  resolved=len(resolved))
         return 1
@@ -257,15 +257,15 @@ class Dispatcher:
         """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
         after an outage the Alertmanager gets each alert's latest state once, not a
         backlog of stale ``endsAt`` values that would flap it."""
-        last = self._db.tail(queue)
+        last = self._db.outbox.tail(queue)
         if last is not None and self._delivery.sending(queue) != last.id:
             old = last.notification()
             merged = tuple(({a.fingerprint: a for a in old.alerts} | {a.fingerprint: a for a in alerts}).values())
-            self._db.replace_payload(last.id, replace(old, alerts=merged, status=_status(merged)))
+            self._db.outbox.replace_payload(last.id, replace(old, alerts=merged, status=_status(merged)))
             return
         n = Notification(key=f"{queue}:{now_ms}:{len(alerts)}", receiver=queue, kind="alerts", created_ms=now_ms,
                          status=_status(alerts), alerts=tuple(alerts), external_url=self._external_url)
-        self._db.enqueue(n, now_ms=now_ms)
+        self._db.outbox.enqueue(n, now_ms=now_ms)
 
     # -- actions ------------------------------------------------------------------------------------
     def _run_actions(self, events: list[AlertEvent], snaps: Iterable[AlertSnapshot], pending: list[AlertSnapshot],
@@ -318,14 +318,14 @@ class Dispatcher:
         queued = 0
         with self._db.transaction():
             if alert is None:
-                self._db.open_incident(fingerprint=fp, alertname=finding.kind, labels=labels,
+                self._db.incidents.open(fingerprint=fp, alertname=finding.kind, labels=labels,
                                        severity=finding.severity, summary=finding.summary, started_ms=now_ms)
-            self._db.add_incident_event(fp, at_ms=now_ms, kind="finding",
+            self._db.incidents.add_event(fp, at_ms=now_ms, kind="finding",
                                         detail={"kind": finding.kind, "summary": finding.summary,
                                                 "setting": finding.setting, "suggested_value": finding.suggested_value,
                                                 "runbook_url": finding.runbook_url})
             if alert is None:
-                self._db.resolve_incident(fp, resolved_ms=now_ms)
+                self._db.incidents.resolve(fp, resolved_ms=now_ms)
             for route in self._router.routes_for(labels):
                 if self._kinds.get(route.receiver) == "alertmanager":
                     continue
@@ -334,7 +334,7 @@ class Dispatcher:
                                  kind="finding", created_ms=now_ms, group_key=gkey,
                                  alerts=(alert,) if alert is not None else (), finding=finding.to_json(),
                                  external_url=self._external_url)
-                queued += int(self._db.enqueue(n, now_ms=now_ms))
+                queued += int(self._db.outbox.enqueue(n, now_ms=now_ms))
         return queued
 
     # -- delivery (agent.act.outbox) -------------------------------------------------------------

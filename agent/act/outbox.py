@@ -81,7 +81,7 @@ class OutboxDelivery:
 
     async def start_due(self, now_ms: int) -> None:
         """Start delivering each queue whose head is due and that has no delivery running."""
-        for item in self._db.due(now_ms):
+        for item in self._db.outbox.due(now_ms):
             if item.receiver in self._in_flight:
                 continue
             task = asyncio.create_task(self._run_queue(item), name=f"deliver {item.receiver}")
@@ -99,7 +99,7 @@ class OutboxDelivery:
                 self._sending.pop(item.receiver, None)
             if not delivered:
                 return
-            head = self._db.head(item.receiver)
+            head = self._db.outbox.head(item.receiver)
             item = head if head is not None and head.next_attempt_ms <= int(self._clock() * 1000) else None
 
     def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
@@ -119,13 +119,13 @@ class OutboxDelivery:
         bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
         sink = self.sinks.get(item.receiver)
         if sink is None:
-            self._db.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
+            self._db.outbox.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
             self.stats.bump(self.stats.failed, item.receiver)
             bound.warning("notification dropped: receiver no longer configured")
             return False
         n = item.notification()
         wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
-        self._db.begin_attempt(item.id, next_attempt_ms=now_ms + wait_ms)
+        self._db.outbox.begin_attempt(item.id, next_attempt_ms=now_ms + wait_ms)
         try:
             reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
         except (DeliveryError, TimeoutError) as exc:
@@ -137,9 +137,9 @@ class OutboxDelivery:
             return False
         done_ms = int(self._clock() * 1000)
         with self._db.transaction():
-            self._db.ack(item.id, now_ms=done_ms)
+            self._db.outbox.ack(item.id, now_ms=done_ms)
             for a in n.alerts:
-                self._db.add_incident_event(a.fingerprint, at_ms=done_ms, kind="notified",
+                self._db.incidents.add_event(a.fingerprint, at_ms=done_ms, kind="notified",
                                             detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
         if n.kind == "scale" and self._scaler is not None:
             self._scaler.on_ack(n, reply)
@@ -154,9 +154,9 @@ class OutboxDelivery:
         error = str(exc) or type(exc).__name__
         if permanent or too_old:
             with self._db.transaction():
-                self._db.fail(item.id, error=error, now_ms=now_ms)
+                self._db.outbox.fail(item.id, error=error, now_ms=now_ms)
                 for a in n.alerts:
-                    self._db.add_incident_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
+                    self._db.incidents.add_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
                                                 detail={"receiver": item.receiver, "error": error})
             self.stats.bump(self.stats.failed, item.receiver)
             bound.error("notification failed for good", error=error,
@@ -166,7 +166,7 @@ class OutboxDelivery:
         hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
         if hint is not None:
             delay = max(delay, int(hint * 1000))
-        self._db.retry(item.id, next_attempt_ms=now_ms + delay, error=error)
+        self._db.outbox.retry(item.id, next_attempt_ms=now_ms + delay, error=error)
         self.stats.bump(self.stats.retried, item.receiver)
         bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))
 

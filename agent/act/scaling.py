@@ -146,7 +146,7 @@ class Scaler:
         """Service -> desired replicas, for ``sre_agent_desired_replicas{service}``."""
         out: dict[str, int] = {}
         for name, svc in self._services.items():
-            state = self._db.get_scale(name)
+            state = self._db.cooldowns.get(name)
             out[name] = state.desired if state is not None else _initial(svc)
         return out
 
@@ -167,7 +167,7 @@ class Scaler:
             return
         with self._db.transaction():
             state = self._state(svc)
-            self._db.put_scale(replace(state, last_unhealthy_ms=max(state.last_unhealthy_ms, now_ms)))
+            self._db.cooldowns.put(replace(state, last_unhealthy_ms=max(state.last_unhealthy_ms, now_ms)))
         self._unhealthy_written_ms[service] = now_ms
 
     def on_ack(self, n: Notification, reply: Mapping[str, Any] | None) -> None:
@@ -180,7 +180,7 @@ class Scaler:
             return
         with self._db.transaction():
             state = self._state(svc)
-            self._db.put_scale(replace(state, replicas=replicas))
+            self._db.cooldowns.put(replace(state, replicas=replicas))
         log.info("scale acknowledged", service=svc.name, replicas=replicas, key=n.key,
                  applied=reply.get("applied"))  # fmt: skip
 
@@ -199,7 +199,7 @@ class Scaler:
         dry_run = self._config.dry_run or svc.dry_run
         state = self._dry.get(svc.name) if dry_run else None
         if state is None:
-            state = self._db.get_scale(svc.name)
+            state = self._db.cooldowns.get(svc.name)
         current = state.replicas if state is not None else _initial(svc)
         if direction == "out":
             target = min(current + svc.step, svc.max_replicas)
@@ -217,7 +217,7 @@ class Scaler:
         if dry_run:
             log.info("would scale", service=svc.name, direction=direction, from_replicas=current,
                      to_replicas=target, reason=reason)  # fmt: skip
-            self._db.add_incident_event(alert.fingerprint, at_ms=now_ms, kind="action",
+            self._db.incidents.add_event(alert.fingerprint, at_ms=now_ms, kind="action",
                                         detail={**plan.detail(), "dry_run": True})  # fmt: skip
             # Pace the next "would scale" as a real run would be paced (cooldowns, bounds),
             # so a firing alert does not record one every evaluation; nothing is persisted.
@@ -239,10 +239,10 @@ class Scaler:
         # exported desired count is the output and is assumed to be followed.
         replicas = plan.current if notification is not None else plan.target
         with self._db.transaction():
-            self._db.put_scale(_stepped(self._state(plan.svc), plan, replicas))  # re-read: keep others' fields
-            if notification is not None and not self._db.enqueue(notification, now_ms=plan.now_ms):
+            self._db.cooldowns.put(_stepped(self._state(plan.svc), plan, replicas))  # re-read: keep others' fields
+            if notification is not None and not self._db.outbox.enqueue(notification, now_ms=plan.now_ms):
                 log.warning("scale request already queued", service=plan.svc.name, key=notification.key)
-            self._db.add_incident_event(alert.fingerprint, at_ms=plan.now_ms, kind="action",
+            self._db.incidents.add_event(alert.fingerprint, at_ms=plan.now_ms, kind="action",
                                         detail={**plan.detail(), "dry_run": False,
                                                 "queued": notification is not None})  # fmt: skip
 
@@ -283,7 +283,7 @@ class Scaler:
 
     # -- state --------------------------------------------------------------------------------
     def _state(self, svc: ScalingServiceConfig) -> ScaleState:
-        state = self._db.get_scale(svc.name)
+        state = self._db.cooldowns.get(svc.name)
         return state if state is not None else self._fresh(svc)
 
     def _fresh(self, svc: ScalingServiceConfig) -> ScaleState:

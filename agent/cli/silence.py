@@ -140,7 +140,7 @@ def _silence_add(args: argparse.Namespace, *, clock: Clock = time.time) -> int:
         return EXIT_BAD_INPUT
     db = _open_db(args)
     try:
-        s = db.add_silence(args.matchers, starts_ms=start_ms, ends_ms=start_ms + int(seconds * 1000),
+        s = db.silences.add(args.matchers, starts_ms=start_ms, ends_ms=start_ms + int(seconds * 1000),
                            created_by=args.author or _user(), comment=args.comment)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -170,7 +170,7 @@ def _silence_list(args: argparse.Namespace, *, clock: Clock = time.time) -> int:
     now = _now_ms(clock)
     db = _open_db(args)
     try:
-        silences = db.silences(now_ms=now, include_expired=args.all)
+        silences = db.silences.list(now_ms=now, include_expired=args.all)
     finally:
         db.close()
     if args.json:
@@ -189,11 +189,11 @@ def _silence_expire(args: argparse.Namespace, *, clock: Clock = time.time) -> in
     failed = False
     try:
         for sid in args.ids:
-            if db.expire_silence(sid, now_ms=now):
+            if db.silences.expire(sid, now_ms=now):
                 print(f"expired {sid}")
                 continue
             failed = True
-            known = any(s.id == sid for s in db.silences(now_ms=now, include_expired=True))
+            known = any(s.id == sid for s in db.silences.list(now_ms=now, include_expired=True))
             print(f"error: silence {sid} is {'already expired' if known else 'unknown'}", file=sys.stderr)
     finally:
         db.close()
@@ -204,7 +204,7 @@ def _incidents(args: argparse.Namespace, *, clock: Clock = time.time) -> int:
     now = _now_ms(clock)
     db = _open_db(args)
     try:
-        incidents = db.incidents(limit=args.limit, open_only=args.open)
+        incidents = db.incidents.list(limit=args.limit, open_only=args.open)
     finally:
         db.close()
     if args.json:

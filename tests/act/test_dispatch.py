@@ -233,13 +233,13 @@ async def test_silence_mutes_until_it_expires(db: StateDB, session: aiohttp.Clie
     t = [T0]
     hook = await hooks(t)
     cfg = make_config({"hook": webhook(hook.url())}, {"receiver": "hook", "group_by": ["alertname"], **FAST})
-    silence = db.add_silence(['alertname="Q"', 'instance=~"a|b"'], starts_ms=ms(T0), ends_ms=ms(T0 + 3600),
+    silence = db.silences.add(['alertname="Q"', 'instance=~"a|b"'], starts_ms=ms(T0), ends_ms=ms(T0 + 3600),
                              created_by="test", comment="maintenance")
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0, instance="a"), spec("R", 0, instance="a")])
     await rig.run(100)
     assert [(p.at, alertnames(p)[0][1], p.json()["groupLabels"]) for p in hook.posts()] == [
         (30, "a", {"alertname": "R"})]  # R is not silenced; Q is, at 30 and 90
-    assert db.expire_silence(silence.id, now_ms=ms(t[0]))
+    assert db.silences.expire(silence.id, now_ms=ms(t[0]))
     await rig.run(200)
     assert [(p.at, p.json()["groupLabels"]) for p in hook.posts()[1:]] == [(150, {"alertname": "Q"})]
 
@@ -276,7 +276,7 @@ async def test_alertmanager_resend_times_and_one_queue_per_url(db: StateDB, sess
 
     async def outage(s: float) -> None:
         if s == 190:
-            assert db.outbox_depth().get("am[1]") == 1  # every batch merged into the one queued item
+            assert db.outbox.depth().get("am[1]") == 1  # every batch merged into the one queued item
         if s == 200:
             await am1.start()
 
@@ -292,7 +292,7 @@ async def test_alertmanager_resend_times_and_one_queue_per_url(db: StateDB, sess
     assert len(am1.posts()) == 1 and am1.posts()[0].at <= 215
     latest = sorted((a["labels"]["alertname"], a["startsAt"], a["endsAt"]) for a in am1.posts()[0].json())
     assert latest == [("X", iso_ms(T0), iso_ms(T0 + 165)), ("Y", iso_ms(T0 + 30), iso_ms(T0 + 420))]
-    assert db.outbox_depth() == {}
+    assert db.outbox.depth() == {}
 
 
 async def test_real_alertmanager_stores_what_prometheus_would_send(tmp_path: Path, db: StateDB,
@@ -349,7 +349,7 @@ async def test_receiver_down_ten_minutes(db: StateDB, session: aiohttp.ClientSes
         if s == 120:
             await down.stop()  # connection refused
         if s == 599:
-            assert db.outbox_depth() == {"down": 4}
+            assert db.outbox.depth() == {"down": 4}
         if s == 600:
             down.status = 200
             await down.start()
@@ -374,7 +374,7 @@ async def test_receiver_down_ten_minutes(db: StateDB, session: aiohttp.ClientSes
     assert rig.d.stats.sent == {"up": 4, "down": 4}
     assert rig.d.stats.retried == {"down": len(expected) - 1}
     assert rig.d.stats.failed == {}
-    assert db.outbox_depth() == {}
+    assert db.outbox.depth() == {}
 
 
 # -- 6. permanent failure and giving up ---------------------------------------------------------------------
@@ -388,12 +388,12 @@ async def test_rejected_notification_fails_at_once(db: StateDB, session: aiohttp
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0)])
     await rig.run(120)
     assert [p.at for p in hook.posts()] == [30]
-    [failed] = db.failed()
+    [failed] = db.outbox.failed()
     assert failed["receiver"] == "hook" and failed["attempts"] == 1 and "HTTP 400" in failed["error"]
-    [incident] = db.incidents()
+    [incident] = db.incidents.list()
     assert [e.kind for e in incident.events] == ["fired", "notify_failed"]
     assert rig.d.stats.failed == {"hook": 1} and rig.d.stats.retried == {}
-    assert db.outbox_depth() == {}
+    assert db.outbox.depth() == {}
 
 
 async def test_gives_up_after_give_up_after(db: StateDB, session: aiohttp.ClientSession, hooks: HookFactory) -> None:
@@ -407,7 +407,7 @@ async def test_gives_up_after_give_up_after(db: StateDB, session: aiohttp.Client
     await rig.run(200)
     # Queued at 10; attempts 10, 11.5, 14.5, 20.5, 32.5, 56.5 (age < 60 s: retried), 101.5 (age 91.5 s: failed).
     assert [p.at for p in hook.posts()] == [10, 11.5, 14.5, 20.5, 32.5, 56.5, 101.5]
-    assert [f["attempts"] for f in db.failed()] == [7]
+    assert [f["attempts"] for f in db.outbox.failed()] == [7]
     assert rig.d.stats.retried == {"hook": 6} and rig.d.stats.failed == {"hook": 1}
 
 
@@ -423,8 +423,8 @@ async def test_restart_keeps_nflog_and_delivers_the_old_outbox(tmp_path: Path, d
                       {"receiver": "hook", "group_by": ["alertname"], "group_wait": "30s", "group_interval": "60s"})
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0, 200)])
     await rig.run(40)  # queued at 30; refused at 30, 31.5 and 34.5; next attempt due at 34.5 + 6 = 40.5
-    assert rig.db.outbox_depth() == {"hook": 1}
-    key = rig.db.pending("hook")[0].key
+    assert rig.db.outbox.depth() == {"hook": 1}
+    key = rig.db.outbox.pending("hook")[0].key
     db.close()  # the process dies: no drain, the in-memory groups are lost
     await hook.start()
     rig.restart(StateDB(tmp_path / "s.db"))
@@ -464,7 +464,7 @@ async def test_finding_goes_into_the_alerts_slack_thread(db: StateDB, session: a
         assert len(slack.messages) == 2
         [found] = hook.posts()
         assert found.json()["kind"] == "finding" and found.json()["finding"]["setting"] == "--max-model-len"
-        by_name = {i.alertname: i for i in rig.db.incidents()}
+        by_name = {i.alertname: i for i in rig.db.incidents.list()}
         alertname = seen[0].labels["alertname"]
         assert [e.kind for e in by_name[alertname].events] == ["fired", "notified", "finding", "notified"]
         alone = by_name[finding.kind]  # the alert-less finding is an incident of its own, opened and closed
@@ -527,7 +527,7 @@ async def test_sink_bug_is_retried_and_the_dispatcher_lives_on(db: StateDB,
     await rig.run(40)
     assert sink.calls == 2 and len(sink.sent) == 1 and sink.sent[0].alerts[0].labels["alertname"] == "Q"
     assert rig.d.stats.retried == {"hook": 1} and rig.d.stats.sent == {"hook": 1}
-    assert rig.db.outbox_depth() == {}
+    assert rig.db.outbox.depth() == {}
 
 
 async def test_item_for_a_receiver_no_longer_configured_fails(db: StateDB,
@@ -535,8 +535,8 @@ async def test_item_for_a_receiver_no_longer_configured_fails(db: StateDB,
     """An outbox item whose receiver left the config (a restart with a new config) is failed, not retried."""
     t = [T0]
     cfg = make_config({"console": {"console": {}}}, {"receiver": "console"})
-    db.enqueue(Notification(key="old:1", receiver="gone", kind="alerts", created_ms=ms(T0)), now_ms=ms(T0))
+    db.outbox.enqueue(Notification(key="old:1", receiver="gone", kind="alerts", created_ms=ms(T0)), now_ms=ms(T0))
     rig = Rig(cfg, db, session, t)
     await rig.run(5)
-    assert [(f["receiver"], f["key"]) for f in db.failed()] == [("gone", "old:1")]
-    assert rig.d.stats.failed == {"gone": 1} and db.outbox_depth() == {}
+    assert [(f["receiver"], f["key"]) for f in db.outbox.failed()] == [("gone", "old:1")]
+    assert rig.d.stats.failed == {"gone": 1} and db.outbox.depth() == {}

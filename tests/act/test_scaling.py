@@ -44,12 +44,12 @@ def db(tmp_path: Path) -> Iterator[StateDB]:
 
 
 def open_incident(db: StateDB, a: AlertSnapshot) -> None:
-    db.open_incident(fingerprint=a.fingerprint, alertname=a.labels["alertname"], labels=a.labels,
+    db.incidents.open(fingerprint=a.fingerprint, alertname=a.labels["alertname"], labels=a.labels,
                      severity="warning", summary="", started_ms=a.starts_at_ms)
 
 
 def action_events(db: StateDB) -> list[dict[str, Any]]:
-    return [e.detail for inc in db.incidents() for e in inc.events if e.kind == "action"]
+    return [e.detail for inc in db.incidents.list() for e in inc.events if e.kind == "action"]
 
 
 def test_out_then_cooldown_refusal_then_out_again(db: StateDB) -> None:
@@ -58,7 +58,7 @@ def test_out_then_cooldown_refusal_then_out_again(db: StateDB) -> None:
     d1 = s.decide("out", alert(), service=None, now_ms=T0)
     assert (d1.service, d1.direction, d1.from_replicas, d1.to_replicas, d1.acted) == ("vllm", "out", 2, 3, True)
     assert d1.notification is None  # no webhook: the exported desired replicas are the output
-    assert db.get_scale("vllm") == ScaleState("vllm", replicas=3, desired=3, last_out_ms=T0, last_in_ms=0,
+    assert db.cooldowns.get("vllm") == ScaleState("vllm", replicas=3, desired=3, last_out_ms=T0, last_in_ms=0,
                                               last_unhealthy_ms=0)
     d2 = s.decide("out", alert(), service=None, now_ms=T0 + 179_999)
     assert not d2.acted and not d2.dry_run
@@ -87,11 +87,11 @@ def test_out_with_webhook_queues_the_request_in_the_outbox(db: StateDB) -> None:
         "values": {"alert_value": 3.5, "waiting": 40.0},
         "idempotency_key": key, "dry_run": False, "decided_at": "2023-11-14T22:13:20.000Z",
     }
-    [item] = db.pending()
+    [item] = db.outbox.pending()
     assert (item.key, item.receiver, item.kind) == (key, "scale:vllm", "scale")
     assert item.notification() == n
     # the receiver has not confirmed yet: replicas stays, desired moves
-    state = db.get_scale("vllm")
+    state = db.cooldowns.get("vllm")
     assert state is not None and (state.replicas, state.desired) == (2, 3)
     assert s.desired_replicas() == {"vllm": 3}
     [event] = action_events(db)
@@ -106,9 +106,9 @@ def test_on_ack_sets_replicas_from_the_reply(db: StateDB) -> None:
     s.on_ack(d.notification, {"replicas": True, "applied": True})
     s.on_ack(d.notification, {"replicas": "3"})
     s.on_ack(d.notification, None)
-    assert db.get_scale("vllm").replicas == 2  # type: ignore[union-attr]
+    assert db.cooldowns.get("vllm").replicas == 2  # type: ignore[union-attr]
     s.on_ack(d.notification, {"replicas": 3, "targets": [], "applied": True})
-    assert db.get_scale("vllm").replicas == 3  # type: ignore[union-attr]
+    assert db.cooldowns.get("vllm").replicas == 3  # type: ignore[union-attr]
     later = s.decide("out", alert(), service=None, now_ms=T0 + 180_000)
     assert (later.from_replicas, later.to_replicas) == (3, 4)
 
@@ -120,7 +120,7 @@ def test_unacknowledged_request_is_asked_again_as_an_absolute_count(db: StateDB)
     again = s.decide("out", alert(), service=None, now_ms=T0 + 180_000)
     assert again.notification is not None and again.notification.scale is not None
     assert again.notification.scale["replicas"] == 3
-    assert [i.key for i in db.pending()] == [f"scale:vllm:out:2->3:{T0}", f"scale:vllm:out:2->3:{T0 + 180_000}"]
+    assert [i.key for i in db.outbox.pending()] == [f"scale:vllm:out:2->3:{T0}", f"scale:vllm:out:2->3:{T0 + 180_000}"]
 
 
 def test_out_refused_at_max_and_step_clamped(db: StateDB) -> None:
@@ -184,8 +184,8 @@ def test_dry_run_records_but_changes_and_queues_nothing(db: StateDB, global_dry:
     s = Scaler(scaling(service(webhook=WEBHOOK, dry_run=service_dry), dry_run=global_dry), db, started_ms=LONG_AGO)
     d = s.decide("out", a, service=None, now_ms=T0)
     assert (d.from_replicas, d.to_replicas, d.acted, d.dry_run, d.notification) == (2, 3, False, True, None)
-    assert db.get_scale("vllm") is None
-    assert db.pending() == []
+    assert db.cooldowns.get("vllm") is None
+    assert db.outbox.pending() == []
     assert s.desired_replicas() == {"vllm": 2}
     [event] = action_events(db)
     assert event["dry_run"] is True and event["action"] == "scale_out" and event["to_replicas"] == 3
@@ -203,7 +203,7 @@ def test_dry_run_is_paced_by_the_cooldown_in_memory(db: StateDB) -> None:
     assert not again.dry_run and not again.acted and "scale_out_cooldown" in again.reason
     assert (later.from_replicas, later.to_replicas, later.dry_run) == (3, 4, True)
     assert [e["to_replicas"] for e in action_events(db)] == [3, 4]
-    assert db.get_scale("vllm") is None and db.pending() == []
+    assert db.cooldowns.get("vllm") is None and db.outbox.pending() == []
 
 
 def test_repeated_refusals_log_at_info_once(db: StateDB) -> None:
@@ -233,41 +233,43 @@ def test_restart_keeps_the_cooldown(tmp_path: Path) -> None:
     s = Scaler(scaling(service(webhook=WEBHOOK)), second, started_ms=T0 + 10_000)
     d = s.decide("out", alert(), service=None, now_ms=T0 + 60_000)
     assert not d.acted and "scale_out_cooldown" in d.reason
-    assert [i.key for i in second.pending()] == [f"scale:vllm:out:2->3:{T0}"]
+    assert [i.key for i in second.outbox.pending()] == [f"scale:vllm:out:2->3:{T0}"]
     assert s.desired_replicas() == {"vllm": 3}
     second.close()
 
 
-def test_a_failed_enqueue_rolls_back_the_decision(tmp_path: Path) -> None:
-    """put_scale, enqueue and the incident event commit together: if queueing fails, nothing is stamped."""
+def test_a_failed_enqueue_rolls_back_the_decision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cooldown, the enqueue and the incident event commit together: if queueing fails, nothing is stamped."""
+    db = StateDB(tmp_path / "state.db")
+    real_enqueue = db.outbox.enqueue
 
-    class BrokenOutbox(StateDB):
-        def enqueue(self, n: Notification, *, now_ms: int) -> bool:
-            super().enqueue(n, now_ms=now_ms)
-            raise StateError("disk full")
+    def enqueue(n: Notification, *, now_ms: int) -> bool:
+        real_enqueue(n, now_ms=now_ms)
+        raise StateError("disk full")
 
-    db = BrokenOutbox(tmp_path / "state.db")
+    monkeypatch.setattr(db.outbox, "enqueue", enqueue)
     a = alert()
     open_incident(db, a)
     s = Scaler(scaling(service(webhook=WEBHOOK)), db, started_ms=LONG_AGO)
     with pytest.raises(StateError):
         s.decide("out", a, service=None, now_ms=T0)
-    assert db.get_scale("vllm") is None
-    assert db.pending() == []
+    assert db.cooldowns.get("vllm") is None
+    assert db.outbox.pending() == []
     assert action_events(db) == []
     db.close()
 
 
-def test_mark_unhealthy_is_persisted_at_most_once_a_second(tmp_path: Path) -> None:
+def test_mark_unhealthy_is_persisted_at_most_once_a_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Marks inside a second after a write are not written, but still hold scale-in off."""
     writes: list[ScaleState] = []
+    db = StateDB(tmp_path / "state.db")
+    real_put = db.cooldowns.put
 
-    class Counting(StateDB):
-        def put_scale(self, state: ScaleState) -> None:
-            writes.append(state)
-            super().put_scale(state)
+    def put(state: ScaleState) -> None:
+        writes.append(state)
+        real_put(state)
 
-    db = Counting(tmp_path / "state.db")
+    monkeypatch.setattr(db.cooldowns, "put", put)
     s = Scaler(scaling(service(initial_replicas=4)), db, started_ms=LONG_AGO)
     for t in (T0, T0 + 500, T0 + 999):
         s.mark_unhealthy("vllm", t)
@@ -276,7 +278,7 @@ def test_mark_unhealthy_is_persisted_at_most_once_a_second(tmp_path: Path) -> No
     assert not blocked.acted  # the unwritten mark at T0+999 counts
     s.mark_unhealthy("vllm", T0 + 1000)
     assert [w.last_unhealthy_ms for w in writes] == [T0, T0 + 1000]
-    assert db.get_scale("vllm") == ScaleState("vllm", 4, 4, 0, 0, T0 + 1000)
+    assert db.cooldowns.get("vllm") == ScaleState("vllm", 4, 4, 0, 0, T0 + 1000)
     db.close()
 
 
@@ -309,7 +311,7 @@ def test_no_matching_service_is_a_refusal(db: StateDB) -> None:
     d = s.decide("out", alert(model_name="qwen"), service=None, now_ms=T0)
     assert (d.service, d.acted, d.notification) == ("", False, None)
     assert "no scaling service" in d.reason
-    assert db.get_scale("chat") is None
+    assert db.cooldowns.get("chat") is None
 
 
 def test_non_finite_values_go_out_as_null(db: StateDB) -> None:

@@ -49,7 +49,7 @@ def test_silence_add_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     rc, _, _ = run(capsys, "silence", "add", "job=vllm", "--db", str(db_path))
     assert rc == 0
     db = StateDB(db_path)
-    [s] = db.silences(now_ms=0)
+    [s] = db.silences.list(now_ms=0)
     db.close()
     assert s.ends_ms - s.starts_ms == 3_600_000
     assert s.matchers == ['job="vllm"']
@@ -77,7 +77,7 @@ def test_silence_add_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert reason in err
     if db.exists():
         d = StateDB(db)
-        assert d.silences(now_ms=0, include_expired=True) == []
+        assert d.silences.list(now_ms=0, include_expired=True) == []
         d.close()
 
 
@@ -106,7 +106,7 @@ def test_config_flag_uses_state_path(tmp_path: Path, capsys: pytest.CaptureFixtu
     rc, out, _ = run(capsys, "silence", "add", 'a="1"', "-c", str(cfg))
     assert rc == 0
     d = StateDB(db)
-    assert [s.id for s in d.silences(now_ms=0)] == [out.strip()]
+    assert [s.id for s in d.silences.list(now_ms=0)] == [out.strip()]
     d.close()
 
 
@@ -120,28 +120,28 @@ def test_missing_db_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
 def _seed(path: Path) -> None:
     db = StateDB(path)
     labels = {"alertname": "VLLMQueueBuildup", "service": "api", "severity": "warning"}
-    db.open_incident(fingerprint="q", alertname="VLLMQueueBuildup", labels=labels, severity="warning",
+    db.incidents.open(fingerprint="q", alertname="VLLMQueueBuildup", labels=labels, severity="warning",
                      summary="Requests are queueing", started_ms=T0)
-    db.add_incident_event("q", at_ms=T0, kind="fired", detail={"value": 12})
-    db.add_incident_event("q", at_ms=T0 + 1000, kind="notified",
+    db.incidents.add_event("q", at_ms=T0, kind="fired", detail={"value": 12})
+    db.incidents.add_event("q", at_ms=T0 + 1000, kind="notified",
                           detail={"receiver": "slack-oncall", "status": "firing", "kind": "alerts"})
-    db.add_incident_event("q", at_ms=T0 + 2000, kind="notify_failed",
+    db.incidents.add_event("q", at_ms=T0 + 2000, kind="notify_failed",
                           detail={"receiver": "pager", "error": "HTTP 400"})
-    db.add_incident_event("q", at_ms=T0 + 3000, kind="action",
+    db.incidents.add_event("q", at_ms=T0 + 3000, kind="action",
                           detail={"action": "scale_out", "service": "api", "from_replicas": 2, "to_replicas": 3,
                                   "reason": "VLLMQueueBuildup firing", "dry_run": False, "queued": True,
                                   "idempotency_key": "scale:api:out:2->3:1"})
-    db.add_incident_event("q", at_ms=T0 + 4000, kind="action",
+    db.incidents.add_event("q", at_ms=T0 + 4000, kind="action",
                           detail={"action": "scale_out", "service": "api", "from_replicas": 3, "to_replicas": 3,
                                   "refused": True, "reason": "scale_out_cooldown: last scale-out 1s ago"})
-    db.add_incident_event("q", at_ms=T0 + 5 * MIN, kind="resolved", detail={})
-    db.resolve_incident("q", resolved_ms=T0 + 5 * MIN)
-    db.open_incident(fingerprint="g", alertname="GPUMemoryNearFull", labels={"gpu": "0"}, severity="critical",
+    db.incidents.add_event("q", at_ms=T0 + 5 * MIN, kind="resolved", detail={})
+    db.incidents.resolve("q", resolved_ms=T0 + 5 * MIN)
+    db.incidents.open(fingerprint="g", alertname="GPUMemoryNearFull", labels={"gpu": "0"}, severity="critical",
                      summary="GPU memory nearly full", started_ms=T0 + 10 * MIN)
-    db.add_incident_event("g", at_ms=T0 + 10 * MIN + 1000, kind="action",
+    db.incidents.add_event("g", at_ms=T0 + 10 * MIN + 1000, kind="action",
                           detail={"action": "scale_out", "service": "api", "from_replicas": 3, "to_replicas": 4,
                                   "dry_run": True, "reason": "GPUMemoryNearFull firing"})
-    db.add_incident_event("g", at_ms=T0 + 10 * MIN + 2000, kind="finding",
+    db.incidents.add_event("g", at_ms=T0 + 10 * MIN + 2000, kind="finding",
                           detail={"kind": "gpu-oom-runtime", "summary": "KV cache too large",
                                   "setting": "--max-model-len", "suggested_value": "16384", "runbook_url": ""})
     db.close()

@@ -1,13 +1,13 @@
 """What the state database holds: its tables (the SQL schema) and the records read back from them.
 
-:class:`~agent.act.state.StateDB` owns the connection, the transactions and the queries; this
-module is the data model it shares with its callers: one frozen dataclass per kind of row (an
-outbox item, a silence, a notification-log entry, a service's scaling state, an incident and
-its timeline), the ``CREATE`` statements behind them, and :data:`SCHEMA_VERSION`, which
-``StateDB`` writes to ``PRAGMA user_version`` and checks on open. The records also carry their
-API shapes (Alertmanager's ``GettableSilence``, the incidents JSON), which callers need without
-the SQLite plumbing. Where ``StateDB`` builds a record from a ``SELECT *`` row, the field order
-is the table's column order: change both together.
+:class:`~agent.act.state.StateDB` owns the connection and the transactions, and its table
+classes the queries; this module is the data model they share with their callers: one frozen
+dataclass per kind of row (an outbox item, a silence, a notification-log entry, a service's
+scaling state, an incident and its timeline), the ``CREATE`` statements behind them, and
+:data:`SCHEMA_VERSION`, which the connection writes to ``PRAGMA user_version`` and checks on
+open. The records also carry their API shapes (Alertmanager's ``GettableSilence``, the incidents
+JSON), which callers need without the SQLite plumbing. Where a table class builds a record from a
+``SELECT *`` row, the field order is the table's column order: change both together.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ CREATE TABLE IF NOT EXISTS rule_alerts (rule_key TEXT NOT NULL, idx INTEGER NOT 
 CREATE TABLE IF NOT EXISTS rule_eval (rule_key TEXT PRIMARY KEY, eval_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS nflog (receiver TEXT NOT NULL, group_key TEXT NOT NULL, firing TEXT NOT NULL,
   resolved TEXT NOT NULL, sent_ms INTEGER NOT NULL, PRIMARY KEY (receiver, group_key));
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS refs (receiver TEXT NOT NULL, group_key TEXT NOT NULL, channel TEXT NOT NULL,
   ts TEXT NOT NULL, PRIMARY KEY (receiver, group_key));
 CREATE TABLE IF NOT EXISTS scale (service TEXT PRIMARY KEY, replicas INTEGER NOT NULL, desired INTEGER NOT NULL,

@@ -94,13 +94,13 @@ async def test_scaler_request_round_trip_through_the_simulator(
     a = AlertSnapshot(labels={"alertname": "VLLMScaleOutNeeded"}, annotations={}, status="firing",
                       starts_at_ms=NOW_S * 1000)
     decision = scaler.decide("out", a, service=None, now_ms=NOW_S * 1000)
-    [item] = db.pending()
+    [item] = db.outbox.pending()
     sink = ScaleSink("scale:vllm", svc.webhook, session)  # type: ignore[arg-type]
     reply = await sink.send(item.notification())
     scaler.on_ack(item.notification(), reply)
     assert (decision.from_replicas, decision.to_replicas) == (2, 3)
     assert len(fleet.targets) == 3
-    assert db.get_scale("vllm").replicas == 3  # type: ignore[union-attr]
+    assert db.cooldowns.get("vllm").replicas == 3  # type: ignore[union-attr]
     db.close()
 
 
