@@ -60,7 +60,8 @@ def main() -> None:
             path = ":memory:" if mode == "memory" else str(Path(tmp) / f"{mode}.db")
             db = StateDB(path)
             if mode == "NORMAL":  # the bench's only reach into StateDB's connection
-                db._conn.execute("PRAGMA synchronous=NORMAL")  # type: ignore[union-attr]
+                with db._conn.guard("bench") as c:
+                    c.execute("PRAGMA synchronous=NORMAL")
             results[mode] = _run(db, args.n)
             db.close()
     base = statistics.median(results["FULL"])

@@ -11,9 +11,11 @@ are independent), ``scale:<service>`` for a scaling service's webhook.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import aiohttp
@@ -36,7 +38,7 @@ from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
 from agent.rules.manager import AlertEvent, Group, RuleManager
 
-__all__ = ["ActCollector", "ActLayer", "build_sinks"]
+__all__ = ["ActCollector", "ActLayer", "ActViews", "build_sinks"]
 
 log = structlog.get_logger(__name__)
 
@@ -61,9 +63,24 @@ def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
     return sinks
 
 
+@dataclass(frozen=True)
+class ActViews:
+    """What /metrics shows of the state database, read on the writer thread after each dispatch
+    round, so that a scrape of /metrics never waits for a commit."""
+
+    outbox_depth: dict[str, int] = field(default_factory=dict)
+    desired_replicas: dict[str, int] = field(default_factory=dict)
+    silences_active: int = 0
+
+
 class ActLayer:
     """The daemon's act layer: opened (and alert state restored) when the Agent is built, so a
-    bad state path stops start-up; receivers get their HTTP session in :meth:`start`."""
+    bad state path stops start-up; receivers get their HTTP session in :meth:`start`.
+
+    Every piece of state work runs on the state database's writer thread (:meth:`StateDB.run`):
+    the dispatcher's evaluation handling and flushes, findings, the API's silences and incidents.
+    The event loop only awaits it, so a slow ``fsync`` delays no scrape and no ``/healthz``.
+    """
 
     def __init__(self, config: Config, rules: RuleManager, *, clock: Callable[[], float] = time.time,
                  diagnose: DiagnoseHook | None = None, stream: TextIO | None = None) -> None:
@@ -73,6 +90,7 @@ class ActLayer:
         self._stream = stream
         self.db = StateDB(config.state.path)
         now_ms = int(clock() * 1000)
+        # start-up, before the loop serves anything: the one place state is read on the caller's thread
         restored = rules.restore(self.db.alert_states.load(), now_ms,
                                  outage_tolerance_ms=int(config.rules.outage_tolerance * 1000))
         if restored:
@@ -82,23 +100,35 @@ class ActLayer:
         self._diagnose = diagnose
         self._session: aiohttp.ClientSession | None = None
         self.dispatcher: Dispatcher | None = None
+        self.views = ActViews()
+        self._posting: set[asyncio.Task[int]] = set()
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
         sinks = build_sinks(self.config, self.db, self._session, stream=self._stream)
         self.dispatcher = Dispatcher(self.config, self.db, self.router, sinks, scaler=self.scaler,
-                                     diagnose=self._diagnose, clock=self._clock)
-        depth = self.db.outbox.depth()
-        if depth:
-            log.info("outbox has undelivered notifications from before; delivering", queues=depth)
+                                     diagnose=self._on_loop(asyncio.get_running_loop()), clock=self._clock)
+        self.views = await self.db.run(self._read_views)
+        if self.views.outbox_depth:
+            log.info("outbox has undelivered notifications from before; delivering", queues=self.views.outbox_depth)
+
+    def _on_loop(self, loop: asyncio.AbstractEventLoop) -> DiagnoseHook:
+        """The diagnose hook as the dispatcher calls it from the writer thread: handed to the loop,
+        where the diagnostics read the store and start their tasks."""
+        def hook(alert: AlertSnapshot) -> None:
+            if self._diagnose is not None:
+                loop.call_soon_threadsafe(self._diagnose, alert)
+        return hook
 
     def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
         self._diagnose = hook
-        if self.dispatcher is not None:
-            self.dispatcher.set_diagnose_hook(hook)
 
-    def observe(self, group: Group, events: list[AlertEvent], now_ms: int) -> None:
-        """After a group's evaluation: persist its alert state, then notify and act."""
+    async def observe(self, group: Group, events: list[AlertEvent], now_ms: int) -> None:
+        """After a group's evaluation: persist its alert state, then notify and act (on the writer thread;
+        the group's next evaluation waits for this, so its alerts do not change meanwhile)."""
+        await self.db.run(self._observe, group, events, now_ms)
+
+    def _observe(self, group: Group, events: list[AlertEvent], now_ms: int) -> None:
         with self.db.transaction():
             for key, saved in self._rules.export_group(group).items():
                 self.db.alert_states.save(key, saved, now_ms)
@@ -110,12 +140,30 @@ class ActLayer:
     async def tick(self) -> None:
         if self.dispatcher is not None:
             await self.dispatcher.tick()
+        self.views = await self.db.run(self._read_views)
+
+    def _read_views(self) -> ActViews:
+        now_ms = self.now_ms()
+        return ActViews(self.db.outbox.depth(), self.scaler.desired_replicas(),
+                        sum(s.active(now_ms) for s in self.db.silences.list(now_ms=now_ms)))
 
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.post_finding(finding, alert, now_ms=self.now_ms())
+        """Queue a finding for its receivers: handed to the writer thread; :meth:`stop` waits for it."""
+        if self.dispatcher is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.db.run(self.dispatcher.post_finding, finding, alert, now_ms=self.now_ms()))
+        self._posting.add(task)
+        task.add_done_callback(self._posted)
+
+    def _posted(self, task: asyncio.Task[Any]) -> None:
+        self._posting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("finding not queued", error=repr(task.exception()))
 
     async def stop(self) -> None:
+        if self._posting:
+            await asyncio.wait(list(self._posting), timeout=5.0)
         if self.dispatcher is not None:
             await self.dispatcher.drain(timeout_s=5.0)
             for sink in self.dispatcher.sinks.values():
@@ -123,16 +171,16 @@ class ActLayer:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        self.db.close()
+        await self.db.aclose()
 
     # -- views ------------------------------------------------------------------------------------
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
-        return [i.to_json() for i in self.db.incidents.list(limit=limit)]
+    async def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
+        return [i.to_json() for i in await self.db.run(self.db.incidents.list, limit=limit)]
 
-    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
         """``{"matchers": ['alertname="X"'], "duration": "2h", "createdBy": ..., "comment": ...}``
         (or ``"endsAt"`` in Unix seconds); ValueError says what is wrong."""
         matchers = body.get("matchers")
@@ -145,17 +193,21 @@ class ActLayer:
             ends_ms = now_ms + int(parse_duration(body.get("duration", "1h")) * 1000)
         if ends_ms <= now_ms:
             raise ValueError("the silence would end in the past")
-        silence = self.db.silences.add([str(m) for m in matchers], starts_ms=now_ms, ends_ms=ends_ms,
-                                      created_by=str(body.get("createdBy", "api")),
-                                      comment=str(body.get("comment", "")))
+        silence = await self.db.run(self.db.silences.add, [str(m) for m in matchers], starts_ms=now_ms,
+                                    ends_ms=ends_ms, created_by=str(body.get("createdBy", "api")),
+                                    comment=str(body.get("comment", "")))
         log.info("silence added", id=silence.id, matchers=matchers, ends_ms=ends_ms)
+        self.views = await self.db.run(self._read_views)
         return {"silenceID": silence.id}
 
-    def expire_silence(self, silence_id: str) -> bool:
-        return self.db.silences.expire(silence_id, now_ms=self.now_ms())
+    async def expire_silence(self, silence_id: str) -> bool:
+        expired = await self.db.run(self.db.silences.expire, silence_id, now_ms=self.now_ms())
+        self.views = await self.db.run(self._read_views)
+        return expired
 
-    def silences_json(self) -> list[dict[str, Any]]:
-        return [s.to_json() for s in self.db.silences.list(now_ms=self.now_ms(), include_expired=True)]
+    async def silences_json(self) -> list[dict[str, Any]]:
+        silences = await self.db.run(self.db.silences.list, now_ms=self.now_ms(), include_expired=True)
+        return [s.to_json() for s in silences]
 
 
 class ActCollector(Collector):
@@ -175,8 +227,9 @@ class ActCollector(Collector):
                                       labels=lbl)
         depth = GaugeMetricFamily("sre_agent_outbox_depth", "Notifications waiting in the outbox.", labels=lbl)
         d = self._act.dispatcher
+        views = self._act.views
         queues = set(d.sinks) if d is not None else set()
-        outbox = self._act.db.outbox.depth()
+        outbox = views.outbox_depth
         for q in sorted(queues | set(outbox)):
             if d is not None:
                 sent.add_metric([q], d.stats.sent.get(q, 0))
@@ -186,9 +239,8 @@ class ActCollector(Collector):
         desired = GaugeMetricFamily("sre_agent_desired_replicas",
                                     "Replicas the agent wants per service (for an HPA via prometheus-adapter or KEDA).",
                                     labels=["service"])
-        for service, n in sorted(self._act.scaler.desired_replicas().items()):
+        for service, n in sorted(views.desired_replicas.items()):
             desired.add_metric([service], n)
         silences = GaugeMetricFamily("sre_agent_silences_active", "Silences in effect now.")
-        now_ms = self._act.now_ms()
-        silences.add_metric([], sum(s.active(now_ms) for s in self._act.db.silences.list(now_ms=now_ms)))
+        silences.add_metric([], views.silences_active)
         yield from (sent, failed, retried, depth, desired, silences)

@@ -75,7 +75,10 @@ class Dispatcher:
 
     The daemon calls :meth:`observe` after each group evaluation and :meth:`tick` every
     ``notify.dispatch_interval``; everything external (state database, sinks, scaler,
-    clock, jitter source) is passed in.
+    clock, jitter source) is passed in. The synchronous methods (:meth:`observe`,
+    :meth:`flush_due`, :meth:`post_finding`) touch the state database: in the daemon they run
+    on its writer thread (:meth:`~agent.act.state.StateDB.run`), one at a time, which also
+    keeps this object's own maps single-threaded; :meth:`tick` hands its flush there itself.
     """
 
     def __init__(
@@ -341,7 +344,7 @@ class Dispatcher:
     async def tick(self) -> None:
         """One dispatch round: flush due groups, start delivering each queue whose head is due."""
         now_ms = int(self._clock() * 1000)
-        self.flush_due(now_ms)
+        await self._db.run(self.flush_due, now_ms)
         await self._delivery.start_due(now_ms)
 
     async def drain(self, timeout_s: float = 10.0) -> None:

@@ -81,7 +81,7 @@ class OutboxDelivery:
 
     async def start_due(self, now_ms: int) -> None:
         """Start delivering each queue whose head is due and that has no delivery running."""
-        for item in self._db.outbox.due(now_ms):
+        for item in await self._db.run(self._db.outbox.due, now_ms):
             if item.receiver in self._in_flight:
                 continue
             task = asyncio.create_task(self._run_queue(item), name=f"deliver {item.receiver}")
@@ -99,7 +99,7 @@ class OutboxDelivery:
                 self._sending.pop(item.receiver, None)
             if not delivered:
                 return
-            head = self._db.outbox.head(item.receiver)
+            head = await self._db.run(self._db.outbox.head, item.receiver)
             item = head if head is not None and head.next_attempt_ms <= int(self._clock() * 1000) else None
 
     def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
@@ -119,45 +119,52 @@ class OutboxDelivery:
         bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
         sink = self.sinks.get(item.receiver)
         if sink is None:
-            self._db.outbox.fail(item.id, error="receiver is no longer configured", now_ms=now_ms)
+            await self._db.run(self._db.outbox.fail, item.id, error="receiver is no longer configured", now_ms=now_ms)
             self.stats.bump(self.stats.failed, item.receiver)
             bound.warning("notification dropped: receiver no longer configured")
             return False
         n = item.notification()
         wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
-        self._db.outbox.begin_attempt(item.id, next_attempt_ms=now_ms + wait_ms)
+        await self._db.run(self._db.outbox.begin_attempt, item.id, next_attempt_ms=now_ms + wait_ms)
         try:
             reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
         except (DeliveryError, TimeoutError) as exc:
-            self._failed(item, n, exc, bound, wait_ms)
+            await self._failed(item, n, exc, bound, wait_ms)
             return False
         except Exception as exc:  # a sink bug must not kill the dispatcher; treat as retryable
             bound.exception("sink raised an unexpected error")
-            self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound, wait_ms)
+            await self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound, wait_ms)
             return False
-        done_ms = int(self._clock() * 1000)
-        with self._db.transaction():
-            self._db.outbox.ack(item.id, now_ms=done_ms)
-            for a in n.alerts:
-                self._db.incidents.add_event(a.fingerprint, at_ms=done_ms, kind="notified",
-                                            detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
-        if n.kind == "scale" and self._scaler is not None:
-            self._scaler.on_ack(n, reply)
+        await self._db.run(self._acked, item, n, reply, int(self._clock() * 1000))
         self.stats.bump(self.stats.sent, item.receiver)
         bound.info("notification delivered", kind=n.kind, status=n.status, alerts=len(n.alerts))
         return True
 
-    def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
+    def _acked(self, item: OutboxItem, n: Notification, reply: dict[str, Any] | None, done_ms: int) -> None:
+        """On the state thread: the item leaves the outbox, its incidents hear of it, the scaler too."""
+        with self._db.transaction():
+            self._db.outbox.ack(item.id, now_ms=done_ms)
+            for a in n.alerts:
+                self._db.incidents.add_event(a.fingerprint, at_ms=done_ms, kind="notified",
+                                             detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
+        if n.kind == "scale" and self._scaler is not None:
+            self._scaler.on_ack(n, reply)
+
+    def _given_up(self, item: OutboxItem, n: Notification, error: str, now_ms: int) -> None:
+        """On the state thread: the item moves to failed, its incidents hear of it."""
+        with self._db.transaction():
+            self._db.outbox.fail(item.id, error=error, now_ms=now_ms)
+            for a in n.alerts:
+                self._db.incidents.add_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
+                                             detail={"receiver": item.receiver, "error": error})
+
+    async def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
         now_ms = int(self._clock() * 1000)
         permanent = isinstance(exc, DeliveryError) and exc.permanent
         too_old = now_ms - item.created_ms > self._notify.give_up_after * 1000
         error = str(exc) or type(exc).__name__
         if permanent or too_old:
-            with self._db.transaction():
-                self._db.outbox.fail(item.id, error=error, now_ms=now_ms)
-                for a in n.alerts:
-                    self._db.incidents.add_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
-                                                detail={"receiver": item.receiver, "error": error})
+            await self._db.run(self._given_up, item, n, error, now_ms)
             self.stats.bump(self.stats.failed, item.receiver)
             bound.error("notification failed for good", error=error,
                         reason="rejected by receiver" if permanent else "gave up after notify.give_up_after")
@@ -166,7 +173,7 @@ class OutboxDelivery:
         hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
         if hint is not None:
             delay = max(delay, int(hint * 1000))
-        self._db.outbox.retry(item.id, next_attempt_ms=now_ms + delay, error=error)
+        await self._db.run(self._db.outbox.retry, item.id, next_attempt_ms=now_ms + delay, error=error)
         self.stats.bump(self.stats.retried, item.receiver)
         bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))
 

@@ -139,17 +139,17 @@ class Agent:
     def rules_json(self) -> list[dict[str, Any]]:
         return self.rules.rules_json()
 
-    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
-        return self.act.incidents_json(limit)
+    async def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]:
+        return await self.act.incidents_json(limit)
 
-    def silences_json(self) -> list[dict[str, Any]]:
-        return self.act.silences_json()
+    async def silences_json(self) -> list[dict[str, Any]]:
+        return await self.act.silences_json()
 
-    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.act.add_silence(body)
+    async def add_silence(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.act.add_silence(body)
 
-    def expire_silence(self, silence_id: str) -> bool:
-        return self.act.expire_silence(silence_id)
+    async def expire_silence(self, silence_id: str) -> bool:
+        return await self.act.expire_silence(silence_id)
 
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
@@ -190,25 +190,28 @@ class Agent:
         self._nvml_samples = samples
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
 
-    def evaluate(self, group: Group) -> None:
+    async def evaluate(self, group: Group) -> None:
         now_ms = int(self._clock() * 1000)
         events = self.rules.eval_group(group, now_ms)
-        self.act.observe(group, events, now_ms)
+        await self.act.observe(group, events, now_ms)
         for e in events:
             self.events.append(e)
             labels = {k: v for k, v in e.alert.labels if k != "alertname"}
             log.info("alert state changed", state=e.kind, alertname=e.rule, group=e.group, labels=labels,
                      value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
 
-    def evaluate_all(self) -> None:
+    async def evaluate_all(self) -> None:
         for g in self.rules.groups:
-            self.evaluate(g)
+            await self.evaluate(g)
 
     # APScheduler runs plain functions in a thread pool; these coroutine wrappers keep rule
     # evaluation and retention on the event loop, where scrapes write: the store and the
     # engine's caches are single-threaded by design.
     async def _evaluate_job(self, group: Group) -> None:
-        self.evaluate(group)
+        try:
+            await self.evaluate(group)
+        except asyncio.CancelledError:  # shutdown while the writer thread had it: it finishes there
+            log.debug("evaluation cancelled by shutdown", group=group.spec.name)
 
     async def _scrape_job(self) -> None:
         try:
@@ -220,7 +223,10 @@ class Agent:
         self.gc()
 
     async def _dispatch_job(self) -> None:
-        await self.act.tick()
+        try:
+            await self.act.tick()
+        except asyncio.CancelledError:  # shutdown mid-round: the outbox keeps what was not sent
+            log.debug("dispatch round cancelled by shutdown")
 
     async def _logs_job(self) -> None:
         self.diagnostics.poll_logs()
@@ -236,7 +242,7 @@ class Agent:
     async def collect_once(self) -> None:
         """One scrape cycle, one NVML poll, then one evaluation of every rule (``run --once``)."""
         await asyncio.gather(self.scrape_cycle(), self.poll_nvml())
-        self.evaluate_all()
+        await self.evaluate_all()
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self, *, serve_http: bool = True) -> None:

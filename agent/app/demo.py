@@ -121,7 +121,7 @@ def render_view(agent: Agent, scenario: str, started: float, clear: bool,
                      f"{a.annotations.get('summary', '')}")
     if len(alerts) > 12:
         lines.append(f"  ... and {len(alerts) - 12} more (GET /api/v1/alerts)")
-    desired = agent.act.scaler.desired_replicas()
+    desired = agent.act.views.desired_replicas
     lines += ["", "notifications (console receiver) and scaling: "
               + (", ".join(f"{svc} wants {n} replicas" for svc, n in desired.items()) or "no scale-out yet")]
     lines += [f"  {n}" for n in notifications] or ["  (none yet: alerts notify after `for` and group_wait)"]

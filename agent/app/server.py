@@ -34,13 +34,13 @@ class AgentView(Protocol):
 
     def status_json(self) -> dict[str, Any]: ...
 
-    def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]: ...
+    async def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]: ...
 
-    def silences_json(self) -> list[dict[str, Any]]: ...
+    async def silences_json(self) -> list[dict[str, Any]]: ...
 
-    def add_silence(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def add_silence(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
-    def expire_silence(self, silence_id: str) -> bool: ...
+    async def expire_silence(self, silence_id: str) -> bool: ...
 
 
 def _ok(data: Any) -> web.Response:
@@ -81,10 +81,10 @@ def build_app(agent: AgentView) -> web.Application:
             limit = int(request.query.get("limit", "50"))
         except ValueError:
             return _error(400, "bad_data", "limit must be an integer")
-        return _ok({"incidents": agent.incidents_json(max(1, min(limit, 1000)))})
+        return _ok({"incidents": await agent.incidents_json(max(1, min(limit, 1000)))})
 
     async def silences(_: web.Request) -> web.Response:
-        return _ok({"silences": agent.silences_json()})
+        return _ok({"silences": await agent.silences_json()})
 
     async def add_silence(request: web.Request) -> web.Response:
         try:
@@ -94,12 +94,12 @@ def build_app(agent: AgentView) -> web.Application:
         if not isinstance(body, dict):
             return _error(400, "bad_data", "body must be a JSON object")
         try:
-            return _ok(agent.add_silence(body))
+            return _ok(await agent.add_silence(body))
         except ValueError as exc:
             return _error(400, "bad_data", str(exc))
 
     async def expire_silence(request: web.Request) -> web.Response:
-        if agent.expire_silence(request.match_info["id"]):
+        if await agent.expire_silence(request.match_info["id"]):
             return _ok({"expired": request.match_info["id"]})
         return _error(404, "not_found", "no active or pending silence with that id")
 

@@ -181,9 +181,9 @@ async def test_jobs_run_on_the_event_loop_thread(fleet: Fleet, tmp_path: Path) -
     threads: set[int] = set()
     real_evaluate, real_gc = agent.evaluate, agent.gc
 
-    def evaluate(group: object) -> None:
+    async def evaluate(group: object) -> None:
         threads.add(threading.get_ident())
-        real_evaluate(group)  # type: ignore[arg-type]
+        await real_evaluate(group)  # type: ignore[arg-type]
 
     def gc() -> None:
         threads.add(threading.get_ident())
@@ -282,3 +282,49 @@ def test_bad_nccl_schedule_is_a_config_error() -> None:
     """A schedule that is not a 5-field cron expression fails validation, naming the key."""
     with pytest.raises(ValueError, match="not a cron expression"):
         Config.model_validate({"diagnostics": {"nccl": {"schedule": "every day"}}})
+
+
+async def test_no_state_query_runs_on_the_event_loop(fleet: Fleet, tmp_path: Path) -> None:
+    """Once started, every SQLite statement (each write, commit and read) runs on the state-writer thread:
+    evaluations that notify, deliveries, findings, the silences and incidents API, /metrics."""
+    import threading
+
+    from agent.diagnose.findings import Finding
+    from tests.receivers import RecordingServer
+
+    rules = tmp_path / "r.rules.yaml"
+    rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: A\n        expr: vector(1)\n")
+    async with RecordingServer() as hook:
+        config = _config(fleet, rules={"files": [str(rules)]}, state={"path": str(tmp_path / "s.db")},
+                         receivers=[{"name": "hook", "webhook": {"url": hook.url()}}],
+                         route={"receiver": "hook", "group_wait": "0s"})
+        agent = Agent(config, nvml_module=FakeNvml().module, hostname="n")
+        statements: list[tuple[str, str]] = []
+
+        def trace(sql: str) -> None:
+            statements.append((threading.current_thread().name, sql.split(None, 1)[0].upper()))
+
+        agent.act.db._conn._conn.set_trace_callback(trace)  # type: ignore[union-attr]  # the one SQLite handle
+        loop_thread = threading.current_thread().name
+        await agent.start()
+        try:
+            base = f"http://127.0.0.1:{agent.port}"
+            async with aiohttp.ClientSession() as http:
+                for _ in range(200):
+                    if hook.requests:
+                        break
+                    await asyncio.sleep(0.05)
+                assert hook.requests, "the firing alert never reached the webhook"
+                async with http.post(f"{base}/api/v1/silences",
+                                     json={"matchers": ['alertname="B"'], "duration": "1h"}) as r:
+                    assert r.status == 200
+                for path in ("/api/v1/silences", "/api/v1/incidents", "/metrics"):
+                    async with http.get(base + path) as r:
+                        assert r.status == 200, path
+            agent.act.post_finding(Finding(kind="nccl-bandwidth-low", summary="slow", labels={"instance": "n"}), None)
+        finally:
+            await agent.stop()
+    on_loop = [s for s in statements if s[0] == loop_thread]
+    on_writer = {sql for name, sql in statements if name.startswith("state-writer")}
+    assert on_loop == [], f"SQLite ran on the event loop thread: {on_loop[:10]}"
+    assert {"INSERT", "COMMIT", "SELECT", "DELETE"} <= on_writer

@@ -476,7 +476,7 @@ async def test_simulated_replica_oom_reaches_the_webhook(tmp_path: Path) -> None
         # the simulator asks for at most 1024 + 300 MiB of 39.4 GiB (3.3 %): the 0.05 step from the assumed 0.9
         assert (f["setting"], f["suggested_value"]) == ("--gpu-memory-utilization", "0.85")
         # no alert behind it: the finding goes to the root route's receiver and joins no incident
-        recorded = [i for i in agent.incidents_json() if i["alertname"] == "gpu-oom-runtime"]
+        recorded = [i for i in await agent.incidents_json() if i["alertname"] == "gpu-oom-runtime"]
         assert recorded and [e["kind"] for e in recorded[0]["events"]] == ["finding"]
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{agent.port}/metrics") as r:
             text = await r.text()

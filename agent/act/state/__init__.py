@@ -15,13 +15,17 @@ over that one connection, so a dispatcher round that touches several of them sti
 
 The records these return and the table schema are in :mod:`agent.act.state.records`; they are
 re-exported here, so ``from agent.act.state import Silence`` works.
+
+From an event loop, state work goes through :meth:`StateDB.run` (one writer thread: no query,
+commit or ``fsync`` on the loop); without one (the CLI, tests) the methods are called directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import structlog
 
@@ -47,6 +51,9 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 class StateDB:
     """The state database: one connection, one object per concern (see the module docstring)."""
@@ -63,6 +70,15 @@ class StateDB:
 
     def close(self) -> None:
         self._conn.close()
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run state work on the state-writer thread, never on the event loop
+        (see :mod:`agent.act.state.connection`)."""
+        return await self._conn.run(fn, *args, **kwargs)
+
+    async def aclose(self) -> None:
+        """Close from the event loop: on the writer thread, which then stops."""
+        await self._conn.aclose()
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

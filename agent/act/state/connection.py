@@ -13,18 +13,28 @@ the outbox promises that nothing acknowledged to the caller is lost. ``busy_time
 the ``sre-agent silence`` command write the same file while the daemon runs. One lock
 serialises threads; never ``await`` inside a transaction (coroutines on one thread would
 join it).
+
+The event loop never runs a query: a commit waits for ``fsync``, which on a slow or busy disk
+takes tens of milliseconds, and the loop must keep scraping and answering ``/healthz``. The
+daemon hands every piece of state work to :meth:`Connection.run`, which runs it on one
+thread of its own (``state-writer``); one thread also means that the work is done in the
+order it was handed over, like an actor. The CLI, which has no event loop, calls the table
+methods directly.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
@@ -34,6 +44,9 @@ from agent.errors import StateError
 __all__ = ["Connection", "Table", "dumps"]
 
 log = structlog.get_logger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def dumps(value: Any) -> str:
@@ -48,6 +61,7 @@ class Connection:
         self.path = str(path)
         self._lock = threading.RLock()
         self._depth = 0
+        self._writer: ThreadPoolExecutor | None = None
         if self.path != ":memory:":
             parent = Path(self.path).resolve().parent
             if not parent.is_dir():
@@ -83,6 +97,25 @@ class Connection:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` on the state-writer thread and return its result.
+
+        Everything ``fn`` does with the database (reads too: they would wait for a commit's
+        ``fsync`` under the lock) happens there, in the order calls were made.
+        """
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-writer")
+        return await asyncio.get_running_loop().run_in_executor(self._writer, functools.partial(fn, *args, **kwargs))
+
+    async def aclose(self) -> None:
+        """Close the connection on the writer thread (the last WAL checkpoint writes), then stop it."""
+        if self._writer is None:
+            self.close()
+            return
+        await self.run(self.close)
+        self._writer.shutdown(wait=True)
+        self._writer = None
 
     @contextmanager
     def guard(self, op: str) -> Iterator[sqlite3.Connection]:
