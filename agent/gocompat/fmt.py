@@ -1,15 +1,17 @@
-"""Go's ``fmt`` and ``strconv`` formatting, for the values a rule template prints.
+"""Go's ``strconv.FormatFloat`` and ``fmt`` formatting, for every float the agent shows as Prometheus would.
 
-Why: Prometheus renders ``{{ $value }}`` with Go's ``%v`` and ``printf`` with Go's
-``fmt.Sprintf``, and alert annotations must read byte for byte the same here. Python's
-``format`` differs in the details that show: Go's ``%v`` of a float64 is the shortest
-round-tripping form, in exponent form from ``1e+06`` up and below ``1e-04``
-(``strconv.FormatFloat(x, 'g', -1, 64)``, :func:`shortest`) with two-digit exponents;
-infinities are ``+Inf``/``-Inf``, hex floats ``0x1.8p+01``, ``%q`` is ``strconv.Quote``, and a
-verb that does not fit its operand prints ``%!verb(type=value)`` instead of failing. Only the
-verbs and flags rule templates use are here (``%s %d %f %e %g %v %q %x %t`` with ``-+0`` and
-space, width and precision); anything else is a :class:`TemplateError`, raised when the
-template loads if its format string is a literal.
+Why: Prometheus prints floats with Go, and where a user or a tool reads the text it must be byte
+for byte the same here. :func:`format_float` is the one float formatter: Go's
+``strconv.FormatFloat(x, fmt, prec, 64)`` for ``'e' 'E' 'f' 'g' 'G' 'x' 'X'``, shortest round-trip digits
+for precision -1, ``NaN``/``+Inf``/``-Inf``, a sign on ``-0`` and at least two exponent digits.
+The API's alert ``value`` is its ``'e'`` form (``2e+01``), ``count_values`` labels its ``'f'`` form,
+``{{ $value }}`` and ``printf`` in rule templates are Go's ``fmt`` built on it (``%v`` is ``'g'``
+shortest: exponent form from ``1e+06`` up and below ``1e-04``). Python's ``format`` differs in
+the details that show (no shortest ``e``, ``inf``, hex floats), so it only supplies correctly rounded
+digits. Beyond floats, ``%q`` is ``strconv.Quote`` and a verb that does not fit its operand
+prints ``%!verb(type=value)`` instead of failing. Only the verbs and flags rule templates use are
+here (``%s %d %f %e %g %v %q %x %t`` with ``-+0`` and space, width and precision); anything else
+is a :class:`TemplateError`, raised when the template loads if its format string is a literal.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 
 from agent.errors import TemplateError
 
-__all__ = ["MAP", "GoStruct", "GoValue", "format_float", "format_value", "go_type", "quote", "shortest", "sprintf"]
+__all__ = ["MAP", "GoStruct", "GoValue", "format_float", "format_value", "go_type", "quote", "sprintf"]
 
 #: The Go type name of a string-to-string map (``$labels``, ``$externalLabels``).
 MAP = "map[string]string"
@@ -94,7 +96,7 @@ def format_value(v: GoValue, flags: str, width: int | None, prec: int | None, ve
     elif isinstance(v, int):
         text = _fmt_int(v, flags, width, prec, verb) if verb in "dvxXq" else None
     elif isinstance(v, float):
-        text = format_float(v, flags, width, prec, verb) if verb in "vgGeEfFxX" else None
+        text = _fmt_float(v, flags, width, prec, verb) if verb in "vgGeEfFxX" else None
     elif verb in "xX":
         data = v.encode()[:prec] if prec is not None else v.encode()
         text = _pad((" " if " " in flags else "").join(format(b, "02" + verb) for b in data), flags, width)
@@ -132,44 +134,99 @@ def _fmt_int(n: int, flags: str, width: int | None, prec: int | None, verb: str)
     return _sign_pad(("-" if n < 0 else "") + digits, flags, width)
 
 
-def format_float(x: float, flags: str, width: int | None, prec: int | None, verb: str) -> str:
-    if not math.isfinite(x):
-        num = "NaN" if math.isnan(x) else "Inf"
-        sign = "-" if x < 0 else "+" if "+" in flags else " " if " " in flags else "+" if num == "Inf" else ""
-        return _pad(sign + num, flags, width, zero=False)
-    if verb in "xX":
-        if prec is not None:
-            raise TemplateError("printf %.Nx of a float is outside the supported subset")
-        sign = "-" if math.copysign(1.0, x) < 0 else ""
-        mant, exp = math.frexp(abs(x))
-        digits = f"{int((mant * 2 - 1) * (1 << 52)):013x}".rstrip("0")
-        body = f"0x1{'.' if digits else ''}{digits}p{'-' if exp < 1 else '+'}{abs(exp - 1):02d}" if x else "0x0p+00"
-        num = sign + (body.upper() if verb == "X" else body)
-    elif prec is None and verb in "vgG":
-        num = shortest(x, "E" if verb == "G" else "e")
-    else:
-        num = format(x, f".{6 if prec is None else prec}{'g' if verb == 'v' else verb}")
-    return _sign_pad(num, flags, width)
+def _fmt_float(x: float, flags: str, width: int | None, prec: int | None, verb: str) -> str:
+    """A float under a printf verb, as Go's ``fmt`` prints it: :func:`format_float`, then sign and padding."""
+    if verb in "xX" and prec is not None:
+        raise TemplateError("printf %.Nx of a float is outside the supported subset")
+    conv = {"v": "g", "F": "f"}.get(verb, verb)
+    num = format_float(x, conv, (-1 if conv in "gGxX" else 6) if prec is None else prec)
+    if math.isfinite(x):
+        return _sign_pad(num, flags, width)
+    # Go keeps the sign of +Inf unless asked for a space, drops NaN's unless asked, and never pads with zeros.
+    sign = "-" if x < 0 else "+" if "+" in flags else " " if " " in flags else "+" if math.isinf(x) else ""
+    return _pad(sign + num.lstrip("+-"), flags, width, zero=False)
 
 
-def shortest(x: float, e: str = "e") -> str:
-    """Go's ``strconv.FormatFloat(x, 'g', -1, 64)``: shortest digits, exponent form from 1e+06 and below 1e-04."""
+def format_float(x: float, fmt: str = "g", prec: int = -1) -> str:
+    """Go's ``strconv.FormatFloat(x, fmt, prec, 64)``; a negative ``prec`` means the fewest digits that read back.
+
+    ``fmt`` is one of ``e E f g G x X``: ``format_float(20, "e")`` is ``2e+01``, ``format_float(1e21, "f")``
+    is ``1000000000000000000000``, ``format_float(1e6)`` is ``1e+06``, ``format_float(0.125, "f", 2)`` is
+    ``0.12`` (exact ties round to even). Anything else is a ValueError.
+    """
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "+Inf" if x > 0 else "-Inf"
+    if fmt in ("x", "X"):
+        return _fmt_x(x, fmt, prec)
+    if fmt not in ("e", "E", "f", "g", "G"):
+        raise ValueError(f"strconv.FormatFloat format {fmt!r} is not one of e E f g G x X")
     sign = "-" if math.copysign(1.0, x) < 0 else ""
-    if x == 0:
-        return sign + "0"
-    mant, _, exp = repr(abs(x)).partition("e")
+    shortest = prec < 0
+    if shortest:  # repr is the shortest round trip too, and the closest of those to x, as Go's
+        digits, point = _digits(repr(abs(x)))
+        prec = {"e": len(digits) - 1, "f": len(digits) - point, "g": len(digits)}[fmt.lower()]
+    elif fmt == "f":  # Python rounds the exact binary value correctly, ties to even, as Go's decimal does
+        digits, point = _digits(format(abs(x), f".{prec}f"))
+    else:
+        if fmt in "gG":
+            prec = max(prec, 1)  # Go's %.0g is %.1g
+        digits, point = _digits(format(abs(x), f".{prec - 1 if fmt in 'gG' else prec}e"))
+    return sign + _layout(digits, point, max(prec, 0), fmt, shortest)
+
+
+def _digits(text: str) -> tuple[str, int]:
+    """Decimal text (``12.50``, ``1.5e-07``) as Go's decimal: significant digits and the point's place (value
+    ``0.<digits> * 10**point``); zero is ``("", 0)``."""
+    mant, _, exp = text.partition("e")
     whole, _, frac = mant.partition(".")
     digits = (whole + frac).lstrip("0")
     point = len(whole) + int(exp or 0) - (len(whole + frac) - len(digits))
     digits = digits.rstrip("0")
-    if not -4 <= point - 1 < 6:
-        rest = f".{digits[1:]}" if len(digits) > 1 else ""
-        return f"{sign}{digits[0]}{rest}{e}{'-' if point < 1 else '+'}{abs(point - 1):02d}"
-    if point <= 0:
-        return f"{sign}0.{'0' * -point}{digits}"
-    if point >= len(digits):
-        return sign + digits + "0" * (point - len(digits))
-    return f"{sign}{digits[:point]}.{digits[point:]}"
+    return (digits, point) if digits else ("", 0)
+
+
+def _layout(digits: str, point: int, prec: int, fmt: str, shortest: bool) -> str:
+    """Go's ``formatDigits``: the digits in ``e``/``E``, ``f`` or ``g``/``G`` form with ``prec`` digits."""
+    if fmt in "eE":
+        return _fmt_e(digits, point, prec, fmt)
+    if fmt == "f":
+        return _fmt_f(digits, point, prec)
+    exp = point - 1
+    if exp < -4 or exp >= (6 if shortest else prec):  # the precision decides, shortest or not as if it were 6
+        return _fmt_e(digits, point, min(prec, len(digits)) - 1, "e" if fmt == "g" else "E")
+    return _fmt_f(digits, point, max((len(digits) if prec > point else prec) - point, 0))
+
+
+def _fmt_e(digits: str, point: int, prec: int, e: str) -> str:
+    exp = point - 1 if digits else 0
+    frac = "." + digits[1:prec + 1].ljust(prec, "0") if prec > 0 else ""
+    return f"{digits[:1] or '0'}{frac}{e}{'-' if exp < 0 else '+'}{abs(exp):02d}"
+
+
+def _fmt_f(digits: str, point: int, prec: int) -> str:
+    whole = digits[:point].ljust(point, "0") if point > 0 else "0"
+    frac = "".join(digits[j] if 0 <= j < len(digits) else "0" for j in range(point, point + prec))
+    return whole + ("." + frac if prec > 0 else "")
+
+
+def _fmt_x(x: float, fmt: str, prec: int) -> str:
+    """Go's ``fmtX``: ``-0x1.yyyp+dd``, the mantissa rounded to ``prec`` hex digits (ties to even) if ``prec >= 0``."""
+    mant, exp = math.frexp(abs(x))
+    m, exp = (int(mant * (1 << 61)), exp - 1) if x else (0, 0)  # the leading 1 at bit 60, as Go shifts it
+    if 0 <= prec < 15:
+        shift = 60 - prec * 4
+        extra, m = m & ((1 << shift) - 1), m >> shift
+        if (extra << (60 - shift)) | (m & 1) > 1 << 59:
+            m += 1
+        m <<= shift
+        if m >> 61:  # rounded up to 0x2.0: renormalise
+            m, exp = m >> 1, exp + 1
+    hexdigits = format(m & ((1 << 60) - 1), "015x")
+    frac = hexdigits.rstrip("0") if prec < 0 else hexdigits[:prec].ljust(prec, "0")
+    body = f"0x{m >> 60}{'.' if frac else ''}{frac}p{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    return ("-" if math.copysign(1.0, x) < 0 else "") + (body.upper() if fmt == "X" else body)
 
 
 def quote(s: str, q: str) -> str:

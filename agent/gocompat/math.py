@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from decimal import Decimal
 
 __all__ = [
     "UNARY",
@@ -20,7 +19,6 @@ __all__ = [
     "floor",
     "fmax",
     "fmin",
-    "format_float",
     "int64_ok",
     "mod",
     "parse_float",
@@ -172,16 +170,6 @@ UNARY: dict[str, Callable[[float], float]] = {
 def int64_ok(x: float) -> bool:
     """Whether Go's ``int64(x)`` is meaningful (Prometheus' ``convertibleToInt64``)."""
     return -_INT64_MAX <= x <= _INT64_MAX
-
-
-def format_float(x: float) -> str:
-    """``strconv.FormatFloat(x, 'f', -1, 64)``: shortest round-trip digits, never an
-    exponent (``count_values`` writes values into a label this way)."""
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    return format(Decimal(repr(x)).normalize(), "f")
 
 
 _INF_WORDS = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 
 from agent.errors import PromQLError
-from agent.gocompat import fmt as gofmt
-from agent.gocompat.math import format_float, int64_ok
+from agent.gocompat.fmt import format_float
+from agent.gocompat.math import int64_ok
 from agent.promql.nodes import Aggregate
 from agent.promql.rangefuncs import quantile
 from agent.promql.values import Memo, Vec, group_key_fn, group_keys
@@ -120,7 +120,7 @@ def _variance(sqrt: bool, keys: Memo[Labels, Labels], vec: Vec) -> Vec:
 
 def _top(largest: bool, param: float, members: dict[Labels, Vec]) -> Vec:
     if not int64_ok(param):
-        raise PromQLError(f"Scalar value {gofmt.format_float(param, '', None, None, 'v')} overflows int64")
+        raise PromQLError(f"Scalar value {format_float(param)} overflows int64")
     k = int(param)
     if k < 1:
         return []
@@ -141,7 +141,7 @@ def _count_values(node: Aggregate, vec: Vec, label: str) -> Vec:
     key = group_key_fn(node.without, grouping)
     counts: dict[Labels, float] = {}
     for ls, v in vec:
-        labelled = tuple(sorted([*(p for p in ls if p[0] != label), (label, format_float(v))]))
+        labelled = tuple(sorted([*(p for p in ls if p[0] != label), (label, format_float(v, "f"))]))
         k = key(labelled)
         counts[k] = counts.get(k, 0.0) + 1.0
     return list(counts.items())

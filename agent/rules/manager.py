@@ -32,6 +32,7 @@ from typing import Any, cast
 import structlog
 
 from agent.errors import PromQLError, RuleError, TemplateError
+from agent.gocompat.fmt import format_float
 from agent.promql import Engine, Scalar, Vector
 from agent.rules.files import GroupSpec, RuleSpec
 from agent.rules.template import Template
@@ -65,13 +66,14 @@ class Alert:
     keep_firing_since_ms: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        """Shaped like an alert in Prometheus' ``/api/v1/alerts``."""
+        """Shaped like an alert in Prometheus' ``/api/v1/alerts``; ``value`` is Go's ``FormatFloat(v, 'e', -1, 64)``
+        (``2e+01``), as Prometheus 2.42's API writes it there and in ``/api/v1/rules``."""
         return {
             "labels": dict(self.labels),
             "annotations": dict(self.annotations),
             "state": self.state.value,
             "activeAt": iso_ms(self.active_at_ms),
-            "value": _go_float(self.value),
+            "value": format_float(self.value, "e"),
         }
 
 
@@ -347,22 +349,6 @@ _STATE_ORDER = [AlertState.INACTIVE, AlertState.PENDING, AlertState.FIRING]
 
 
 def _json_float(v: float) -> float | str:
-    """A float that survives strict JSON (NaN/Inf as Go's strings, parsed back by float())."""
-    return v if math.isfinite(v) else _go_float(v)
-
-
-def _go_float(v: float) -> str:
-    """How Prometheus' API prints a sample value (Go's strconv 'g' shortest form)."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    text = repr(v)
-    if text.endswith(".0"):
-        text = text[:-2]
-    if "e" in text:
-        mant, exp = text.split("e")
-        sign = "-" if exp.startswith("-") else "+"
-        text = f"{mant}e{sign}{exp.lstrip('+-').zfill(2)}"
-    return text
+    """A float that survives strict JSON for the state store: NaN/Inf as Go writes them, which float() reads back."""
+    return v if math.isfinite(v) else format_float(v)
 

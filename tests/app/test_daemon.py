@@ -1,10 +1,12 @@
-"""Tests for agent.app.daemon and agent.app.server: the wired agent against a simulated fleet and a fake NVML."""
+"""Tests for agent.app.daemon and agent.app.server: the wired agent against a simulated fleet and a fake NVML,
+and its API's alert values against a real Prometheus serving the same rules."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,7 +16,9 @@ from agent.app.daemon import Agent, keep_list
 from agent.config import Config
 from agent.simulate.server import Fleet, FleetConfig
 from agent.store import Matcher
+from tests.alertmanager import eventually
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.prometheus import Prometheus
 
 
 @pytest.fixture
@@ -328,3 +332,46 @@ async def test_no_state_query_runs_on_the_event_loop(fleet: Fleet, tmp_path: Pat
     on_writer = {sql for name, sql in statements if name.startswith("state-writer")}
     assert on_loop == [], f"SQLite ran on the event loop thread: {on_loop[:10]}"
     assert {"INSERT", "COMMIT", "SELECT", "DELETE"} <= on_writer
+
+
+# --- differential test against Prometheus ---------------------------------------------------------------------------
+
+#: One pending alert per value (``for: 1h`` keeps them pending), each named after what it holds.
+VALUE_ALERTS = {"Twenty": "20", "Half": "0.5", "Tiny": "1e-7", "Large": "123456789", "Huge": "1e21",
+                "Negative": "-3.25", "Zero": "0", "NotANumber": "NaN", "Infinite": "+Inf", "MinusInfinite": "-Inf"}
+
+
+def _alert_values(alerts: list[dict[str, Any]]) -> dict[str, str]:
+    return {a["labels"]["alertname"]: a["value"] for a in alerts}
+
+
+async def _all_values(get: Callable[[str], Awaitable[Any]]) -> tuple[dict[str, str], dict[str, str]] | None:
+    """The alert values of /api/v1/alerts and of the alerts inside /api/v1/rules, once every alert shows in both."""
+    served = _alert_values((await get("alerts"))["alerts"])
+    in_rules = _alert_values([a for g in (await get("rules"))["groups"] for r in g["rules"] for a in r["alerts"]])
+    return (served, in_rules) if set(served) == set(in_rules) == set(VALUE_ALERTS) else None
+
+
+async def test_alert_values_are_written_as_prometheus_writes_them(tmp_path: Path) -> None:
+    """/api/v1/alerts and /api/v1/rules write each alert's value as Prometheus 2.42 does for the same rule file."""
+    rules = tmp_path / "values.rules.yaml"
+    rules.write_text("groups:\n  - name: values\n    rules:\n" + "".join(
+        f"      - alert: {name}\n        expr: vector({number})\n        for: 1h\n"
+        for name, number in VALUE_ALERTS.items()))
+    async with Prometheus(tmp_path / "prometheus", [rules]) as prom:
+        want = await eventually(lambda: _all_values(prom.api), what="Prometheus' pending alerts")
+    agent = Agent(Config.model_validate({  # no targets; rules first run one scrape interval after start
+        "targets": [], "scrape": {"interval": "1s", "timeout": "1s"}, "server": {"listen": "127.0.0.1:0"},
+        "state": {"path": ":memory:"}, "nvml": {"enabled": False},
+        "rules": {"files": [str(rules)], "evaluation_interval": "1s"}}))
+    await agent.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def get(path: str) -> Any:
+                async with http.get(f"http://127.0.0.1:{agent.port}/api/v1/{path}") as r:
+                    return (await r.json())["data"]
+            got = await eventually(lambda: _all_values(get), what="the agent's pending alerts")
+    finally:
+        await agent.stop()
+    assert got == want
+    assert want[0]["Twenty"] == "2e+01"  # the form this test is about, not the one Python or Go's %v writes

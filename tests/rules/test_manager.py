@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from agent.promql import Engine
 from agent.rules.files import load_rule_files
-from agent.rules.manager import AlertState, RuleManager
+from agent.rules.manager import Alert, AlertState, RuleManager
 from agent.series import is_stale, labels_from
 from agent.store import Matcher, Store
 
@@ -155,16 +156,29 @@ def test_api_shapes(tmp_path: Path) -> None:
     _feed(store, "queue", {"instance": "a"}, [20])
     mgr.eval_all(0)
     (a,) = mgr.alerts_json()
-    assert a["state"] == "pending" and a["value"] == "20" and a["activeAt"] == "1970-01-01T00:00:00.000Z"
+    assert a["state"] == "pending" and a["value"] == "2e+01" and a["activeAt"] == "1970-01-01T00:00:00.000Z"
     (g,) = mgr.rules_json()
     (r,) = g["rules"]
     assert r["type"] == "alerting" and r["state"] == "pending" and r["duration"] == 180 and r["health"] == "ok"
     assert r["query"] == "queue > 10" and len(r["alerts"]) == 1
 
 
-@pytest.mark.parametrize(("value", "text"), [(20.0, "20"), (0.5, "0.5"), (1e21, "1e+21"), (float("nan"), "NaN")])
+@pytest.mark.parametrize(("value", "text"), [(20.0, "2e+01"), (0.5, "5e-01"), (1e21, "1e+21"), (float("nan"), "NaN")])
 def test_alert_value_formatting(value: float, text: str) -> None:
-    """Alert values print the way Prometheus' API prints them."""
-    from agent.rules.manager import _go_float
+    """Alert values print the way Prometheus' API prints them: Go's FormatFloat(v, 'e', -1, 64)."""
+    alert = Alert((("alertname", "A"),), {}, value, AlertState.PENDING, 0)
+    assert alert.as_json()["value"] == text
 
-    assert _go_float(value) == text
+
+def test_saved_alert_values_restore_exactly(tmp_path: Path) -> None:
+    """Alert state saved as strict JSON (NaN and infinities as Go writes them) restores the same values."""
+    alerts = "".join(f"      - alert: A{i}\n        expr: vector({v})\n        for: 1h\n"
+                     for i, v in enumerate(["20", "-3.25", "NaN", "+Inf", "-Inf"]))
+    rules = "groups:\n  - name: g\n    rules:\n" + alerts
+    mgr, _ = _manager(tmp_path, rules)
+    mgr.eval_all(0)
+    saved = {k: (0, saved) for g in mgr.groups for k, saved in mgr.export_group(g).items()}
+    restored, _ = _manager(tmp_path, rules)
+    assert restored.restore(json.loads(json.dumps(saved, allow_nan=False)), 0, outage_tolerance_ms=MIN) == 5
+    assert restored.alerts_json() == mgr.alerts_json()
+    assert [a["value"] for a in restored.alerts_json()] == ["2e+01", "-3.25e+00", "NaN", "+Inf", "-Inf"]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from agent.errors import TemplateError
-from agent.gocompat.fmt import format_float, quote, shortest, sprintf
+from agent.gocompat.fmt import format_float, quote, sprintf
 from agent.gocompat.regex import expand
 from agent.rules.template.values import MAP, ROOT, Value, go_type, truth
 
@@ -45,7 +45,7 @@ def _to_float(v: Value) -> float:
 
 
 def _g4(x: float) -> str:
-    return format_float(x, "", None, 4, "g")
+    return format_float(x, "g", 4)  # Go's %.4g
 
 
 def _shrink(x: float) -> tuple[float, str]:
@@ -103,7 +103,8 @@ def _humanize_timestamp(x: float) -> str:
     if not math.isfinite(x):
         return _g4(x)
     if not -(2.0**63) <= x * 1e9 <= 2.0**63:
-        raise TemplateError(f"{shortest(x)} cannot be represented as a nanoseconds timestamp since it overflows int64")
+        raise TemplateError(f"{format_float(x)} cannot be represented as a nanoseconds timestamp "
+                            "since it overflows int64")
     nanos = int(x * 1e9)
     millis = abs(nanos) // 1_000_000 * (-1 if nanos < 0 else 1)  # Go truncates toward zero
     t = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis)
