@@ -28,12 +28,13 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
     """cli.main() binds structlog to the test's captured stderr; restore logging after each test."""
-    saved, root = structlog.get_config(), logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    saved, root, ours = structlog.get_config(), logging.getLogger(), logging.getLogger("agent")
+    handlers, level, our_level = root.handlers[:], root.level, ours.level
     yield
     structlog.configure(**saved)
     root.handlers[:] = handlers
     root.setLevel(level)
+    ours.setLevel(our_level)
 
 
 @pytest.fixture
