@@ -1,6 +1,6 @@
 """End-to-end helpers: the real agent as a subprocess, a metrics target the test controls, a recording receiver.
 
-The fault tests (``tests/test_e2e_faults.py``) kill the agent with SIGKILL and restart
+The fault tests (``tests/app/test_e2e_faults.py``) kill the agent with SIGKILL and restart
 it on the same config and state database, so the agent must be a real process, not an
 :class:`~agent.app.daemon.Agent` in the test's event loop. Everything it talks to runs in
 the test's loop on 127.0.0.1:
@@ -17,12 +17,12 @@ the test's loop on 127.0.0.1:
 
 The :func:`agents` fixture starts agent processes and SIGKILLs every one still alive at
 teardown, failed test or not, printing each log's tail (pytest shows it on failure).
-Waiting is always polling with a deadline (:func:`tests.alertmanager.eventually`).
+Waiting is always polling with a deadline (:func:`tests.alertmanager.eventually`); a
+"nothing more happened" check first waits for the agent itself to have run on (:func:`quiet`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -47,6 +47,7 @@ __all__ = [
     "ALERT",
     "FOR_S",
     "INTERVAL_S",
+    "SETTLE_S",
     "AgentProcess",
     "Agents",
     "MetricsTarget",
@@ -63,6 +64,12 @@ __all__ = [
 ALERT = "E2ECondition"
 FOR_S = 4.0  # the rule's `for`
 INTERVAL_S = 1.0  # scrape and evaluation interval
+GROUP_S = 1.0  # the route's group_wait and group_interval
+DISPATCH_S = 1.0  # notify.dispatch_interval: how often the outbox is looked at
+RETRY_INITIAL_S = 0.2  # notify.retry_initial
+# From an evaluation to a notification on the wire: the group's wait, a dispatch round, a first retry.
+# A wrong extra notification caused by something the agent did would have been sent within this.
+SETTLE_S = GROUP_S + DISPATCH_S + RETRY_INITIAL_S
 JOB = "e2e"
 START_DEADLINE_S = 60.0  # a cold start of the interpreter on a loaded 2-core machine
 LOG_TAIL_LINES = 40
@@ -148,10 +155,11 @@ def write_config(
         "rules": {"files": [str(rule_file)], "evaluation_interval": f"{INTERVAL_S:g}s"},
         "state": {"path": str(tmp_path / "state.db")},
         "receivers": receivers,
-        "route": {"receiver": receivers[0]["name"], "group_by": ["alertname"], "group_wait": "1s",
-                  "group_interval": "1s", "repeat_interval": "1h", "routes": routes},
+        "route": {"receiver": receivers[0]["name"], "group_by": ["alertname"], "group_wait": f"{GROUP_S:g}s",
+                  "group_interval": f"{GROUP_S:g}s", "repeat_interval": "1h", "routes": routes},
         "actions": [{"type": "scale_out", "matchers": ['action="scale_out"']}] if scale_out else [],
-        "notify": {"retry_initial": "200ms", "retry_max": "2s"},
+        "notify": {"dispatch_interval": f"{DISPATCH_S:g}s", "retry_initial": f"{RETRY_INITIAL_S * 1000:g}ms",
+                   "retry_max": "2s"},
         "log": {"format": "json", "level": "info"},
     }
     if scaling is not None:
@@ -340,10 +348,12 @@ async def wait_for(check: Callable[[], Awaitable[Any]], *, what: str, timeout: f
     return await eventually(truthy, timeout=timeout, what=what)
 
 
-async def quiet(seconds: float) -> None:
-    """Let the agent run for ``seconds`` before a "nothing more happened" assertion.
+async def quiet(agent: AgentProcess, *, what: str = "the agent running on") -> None:
+    """Before a "nothing more happened" assertion: wait until the agent has evaluated its rules
+    :data:`SETTLE_S` after now, by its own clock.
 
-    A negative check cannot be polled for; waiting longer only makes it stricter, so a
-    slow machine cannot make it fail.
+    A negative check cannot be polled for, so this waits for a positive event that comes after
+    the window in which a wrong extra notification would have been queued and sent. A sleep in
+    the test would not do: on a loaded machine the agent process may not have run meanwhile.
     """
-    await asyncio.sleep(seconds)
+    await agent.evaluated_after(time.time() + SETTLE_S, what=f"{what} (an evaluation {SETTLE_S:g} s on)")
