@@ -94,9 +94,39 @@ def bot_config(fake: FakeSlack, **extra: Any) -> SlackReceiverConfig:
     return SlackReceiverConfig(**fields)
 
 
-def make_sink(fake: FakeSlack, refs: DictRefs | None = None, ft: FakeTime | None = None, **extra: Any) -> SlackSink:
-    ft = ft or FakeTime()
-    return SlackSink("slack", bot_config(fake, **extra), refs or DictRefs(), clock=ft.clock, sleep=ft.sleep)
+class Sinks:
+    """The SlackSinks one test makes, on an injected clock; the :func:`sinks` fixture closes them all."""
+
+    def __init__(self) -> None:
+        self.made: list[SlackSink] = []
+
+    def add(self, sink: SlackSink) -> SlackSink:
+        """Close ``sink`` at teardown; returns it."""
+        self.made.append(sink)
+        return sink
+
+    def bot(self, fake: FakeSlack, refs: DictRefs | None = None, ft: FakeTime | None = None,
+            **extra: Any) -> SlackSink:
+        """A bot-token sink posting to #alerts on ``fake``; ``extra`` are more SlackReceiverConfig fields."""
+        ft = ft or FakeTime()
+        return self.add(SlackSink("slack", bot_config(fake, **extra), refs or DictRefs(), clock=ft.clock,
+                                  sleep=ft.sleep))
+
+    def webhook(self, fake: FakeSlack, ft: FakeTime | None = None) -> SlackSink:
+        """An incoming-webhook sink on ``fake``."""
+        ft = ft or FakeTime()
+        config = SlackReceiverConfig(webhook_url=SecretStr(fake.webhook_url))
+        return self.add(SlackSink("hook", config, DictRefs(), clock=ft.clock, sleep=ft.sleep))
+
+
+@pytest.fixture
+async def sinks() -> AsyncIterator[Sinks]:
+    """Make sinks with ``sinks.bot(...)``, ``sinks.webhook(...)`` or ``sinks.add(...)``; each is closed at teardown,
+    failed test or not."""
+    made = Sinks()
+    yield made
+    for sink in made.made:
+        await sink.close()
 
 
 def closed_port() -> int:
@@ -219,213 +249,170 @@ def test_finding_evidence_is_truncated_inside_the_code_block() -> None:
 # --- bot-token mode against the fake ------------------------------------------------------
 
 
-async def test_post_then_resolve_updates_the_same_message(slack: FakeSlack) -> None:
+async def test_post_then_resolve_updates_the_same_message(sinks: Sinks, slack: FakeSlack) -> None:
     """The first notification posts to #alerts; later ones update that message (by channel ID + ts) in place."""
     refs = DictRefs()
-    sink = make_sink(slack, refs)
-    try:
-        reply = await sink.send(group(alert()))
-        assert reply is not None and reply["channel"] == CHANNEL_ID
-        assert slack.calls_to("chat.postMessage")[0].body["channel"] == "#alerts"
-        ts = reply["ts"]
-        assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, ts)
-        posted = slack.find(ts)
-        assert posted is not None and posted.metadata == {
-            "event_type": "sre_agent_alert",
-            "event_payload": {"key": "n1", "group": posted.metadata["event_payload"]["group"]}}
+    sink = sinks.bot(slack, refs)
+    reply = await sink.send(group(alert()))
+    assert reply is not None and reply["channel"] == CHANNEL_ID
+    assert slack.calls_to("chat.postMessage")[0].body["channel"] == "#alerts"
+    ts = reply["ts"]
+    assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, ts)
+    posted = slack.find(ts)
+    assert posted is not None and posted.metadata == {
+        "event_type": "sre_agent_alert",
+        "event_payload": {"key": "n1", "group": posted.metadata["event_payload"]["group"]}}
 
-        await sink.send(group(alert(), alert(instance="10.0.0.2:8000"), key="n2"))
-        await sink.send(group(alert("resolved"), alert("resolved", instance="10.0.0.2:8000"), key="n3"))
+    await sink.send(group(alert(), alert(instance="10.0.0.2:8000"), key="n2"))
+    await sink.send(group(alert("resolved"), alert("resolved", instance="10.0.0.2:8000"), key="n3"))
 
-        updates = slack.calls_to("chat.update")
-        assert [(u.body["channel"], u.body["ts"]) for u in updates] == [(CHANNEL_ID, ts), (CHANNEL_ID, ts)]
-        assert len(slack.messages) == 1
-        message = slack.messages[0]
-        assert message.edits == 2
-        assert message.header() == ":white_check_mark: [RESOLVED] VLLMKVCacheSaturated"
-        assert message.metadata is not None and message.metadata["event_payload"]["key"] == "n3"
-        assert refs.get_ref("slack", GROUP) is None
-    finally:
-        await sink.close()
+    updates = slack.calls_to("chat.update")
+    assert [(u.body["channel"], u.body["ts"]) for u in updates] == [(CHANNEL_ID, ts), (CHANNEL_ID, ts)]
+    assert len(slack.messages) == 1
+    message = slack.messages[0]
+    assert message.edits == 2
+    assert message.header() == ":white_check_mark: [RESOLVED] VLLMKVCacheSaturated"
+    assert message.metadata is not None and message.metadata["event_payload"]["key"] == "n3"
+    assert refs.get_ref("slack", GROUP) is None
 
 
-async def test_refire_after_resolve_starts_a_new_message(slack: FakeSlack) -> None:
+async def test_refire_after_resolve_starts_a_new_message(sinks: Sinks, slack: FakeSlack) -> None:
     """Once a group resolved, its next firing is a new message, not an edit of the resolved one."""
     refs = DictRefs()
-    sink = make_sink(slack, refs)
-    try:
-        await sink.send(group(alert(), key="a"))
-        await sink.send(group(alert("resolved"), key="b"))
-        await sink.send(group(alert(), key="c"))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, refs)
+    await sink.send(group(alert(), key="a"))
+    await sink.send(group(alert("resolved"), key="b"))
+    await sink.send(group(alert(), key="c"))
     assert [m.header() for m in slack.in_channel(CHANNEL_ID)] == [
         ":white_check_mark: [RESOLVED] VLLMKVCacheSaturated", ":warning: [FIRING:1] VLLMKVCacheSaturated"]
     assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, slack.messages[1].ts)
 
 
 @pytest.mark.parametrize("error", ["message_not_found", "cant_update_message", "channel_not_found"])
-async def test_update_of_a_gone_message_falls_back_to_a_new_post(slack: FakeSlack, error: str) -> None:
+async def test_update_of_a_gone_message_falls_back_to_a_new_post(sinks: Sinks, slack: FakeSlack, error: str) -> None:
     """If Slack says the stored message cannot be updated, the sink posts anew and stores the new ref."""
     refs = DictRefs()
     refs.put_ref("slack", GROUP, CHANNEL_ID, "1690000000.000100")
     if error != "message_not_found":  # the fake answers message_not_found for the unknown ts by itself
         slack.fail("chat.update", error=error)
-    sink = make_sink(slack, refs)
-    try:
-        reply = await sink.send(group(alert(), key="x"), attempt=0)
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, refs)
+    reply = await sink.send(group(alert(), key="x"), attempt=0)
     assert reply is not None
     assert len(slack.calls_to("chat.update")) == 1 and len(slack.calls_to("chat.postMessage")) == 1
     assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, slack.messages[0].ts)
 
 
-async def test_429_is_retried_inside_the_call_after_retry_after(slack: FakeSlack) -> None:
+async def test_429_is_retried_inside_the_call_after_retry_after(sinks: Sinks, slack: FakeSlack) -> None:
     """slack-sdk's rate-limit handler waits Retry-After (through the injected sleep) and the retry succeeds."""
     slack.fail("chat.postMessage", status=429, retry_after=1)
     ft = FakeTime()
-    sink = make_sink(slack, ft=ft)
-    try:
-        await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, ft=ft)
+    await sink.send(group(alert()))
     assert len(slack.calls_to("chat.postMessage")) == 2
     assert len(slack.messages) == 1
     assert ft.sleeps == [1.0]
 
 
-async def test_persistent_429_becomes_retryable_error_with_retry_after(slack: FakeSlack) -> None:
+async def test_persistent_429_becomes_retryable_error_with_retry_after(sinks: Sinks, slack: FakeSlack) -> None:
     """After the library's retries (2) a third 429 goes back to the dispatcher with retry_after_s."""
     slack.fail("chat.postMessage", status=429, retry_after=2, times=3)
-    sink = make_sink(slack)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert not info.value.permanent and info.value.retry_after_s == 2.0
     assert "ratelimited" in str(info.value)
     assert len(slack.calls_to("chat.postMessage")) == 3
 
 
-async def test_long_retry_after_is_not_waited_inside_the_call(slack: FakeSlack) -> None:
+async def test_long_retry_after_is_not_waited_inside_the_call(sinks: Sinks, slack: FakeSlack) -> None:
     """A Retry-After longer than the inline cap (5 s) is handed to the dispatcher at once."""
     slack.fail("chat.postMessage", status=429, retry_after=30)
     ft = FakeTime()
-    sink = make_sink(slack, ft=ft)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, ft=ft)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert info.value.retry_after_s == 30.0 and not info.value.permanent
     assert ft.sleeps == [] and len(slack.calls_to("chat.postMessage")) == 1
 
 
 @pytest.mark.parametrize("status", [500, 502, 503])
-async def test_5xx_is_a_retryable_error(slack: FakeSlack, status: int) -> None:
+async def test_5xx_is_a_retryable_error(sinks: Sinks, slack: FakeSlack, status: int) -> None:
     """Server errors (HTML bodies) become retryable DeliveryErrors, tried once (no inline retry)."""
     slack.fail("chat.postMessage", status=status)
-    sink = make_sink(slack)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert not info.value.permanent
     assert f"HTTP {status}" in str(info.value)
     assert len(slack.calls_to("chat.postMessage")) == 1
 
 
-async def test_invalid_auth_is_permanent_and_the_token_is_never_logged(slack: FakeSlack) -> None:
+async def test_invalid_auth_is_permanent_and_the_token_is_never_logged(sinks: Sinks, slack: FakeSlack) -> None:
     """A wrong token gets invalid_auth from Slack: permanent; neither the error nor the logs show the token."""
     secret = "xoxb-wrong-secret-value"
-    sink = SlackSink("slack", bot_config(slack, token=SecretStr(secret)), DictRefs(), clock=FakeTime().clock,
-                     sleep=FakeTime().sleep)
-    try:
-        with capture_logs() as logs, pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, token=SecretStr(secret))
+    with capture_logs() as logs, pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert info.value.permanent and "invalid_auth" in str(info.value)
     assert secret not in str(info.value) and secret not in repr(logs)
 
 
 @pytest.mark.parametrize("error", ["not_authed", "account_inactive", "token_revoked", "invalid_blocks", "is_archived",
                                    "msg_too_long", "no_text", "channel_not_found"])
-async def test_payload_and_auth_errors_are_permanent(slack: FakeSlack, error: str) -> None:
+async def test_payload_and_auth_errors_are_permanent(sinks: Sinks, slack: FakeSlack, error: str) -> None:
     """Slack's ok:false codes that a retry cannot fix mark the delivery permanent."""
     slack.fail("chat.postMessage", error=error)
-    sink = make_sink(slack)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert info.value.permanent and error in str(info.value)
 
 
-async def test_unknown_channel_is_permanent(slack: FakeSlack) -> None:
+async def test_unknown_channel_is_permanent(sinks: Sinks, slack: FakeSlack) -> None:
     """Posting to a channel name Slack does not know is channel_not_found, permanent."""
-    sink = make_sink(slack, channel="#nope")
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, channel="#nope")
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert info.value.permanent and "channel_not_found" in str(info.value)
 
 
-async def test_internal_error_is_retryable(slack: FakeSlack) -> None:
+async def test_internal_error_is_retryable(sinks: Sinks, slack: FakeSlack) -> None:
     """Slack's own transient codes (internal_error) are retried."""
     slack.fail("chat.postMessage", error="internal_error")
-    sink = make_sink(slack)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert not info.value.permanent
 
 
-async def test_timeout_is_retryable(slack: FakeSlack) -> None:
+async def test_timeout_is_retryable(sinks: Sinks, slack: FakeSlack) -> None:
     """A Slack that does not answer within the configured timeout gives a retryable error."""
     slack.fail("chat.postMessage", hang=True)
-    sink = make_sink(slack, timeout="200ms")
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, timeout="200ms")
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert not info.value.permanent and "no answer within 0.2s" in str(info.value)
 
 
-async def test_connection_refused_is_retryable() -> None:
+async def test_connection_refused_is_retryable(sinks: Sinks) -> None:
     """Nothing listening at api_url: a retryable error (the dispatcher's next attempt checks for a duplicate)."""
     config = SlackReceiverConfig(token=SecretStr("xoxb-x"), channel="#alerts",
                                  api_url=f"http://127.0.0.1:{closed_port()}/api/")
     ft = FakeTime()
-    sink = SlackSink("slack", config, DictRefs(), clock=ft.clock, sleep=ft.sleep)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.add(SlackSink("slack", config, DictRefs(), clock=ft.clock, sleep=ft.sleep))
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert not info.value.permanent and "ClientConnectorError" in str(info.value)
 
 
-async def test_finding_goes_into_the_group_thread(slack: FakeSlack) -> None:
+async def test_finding_goes_into_the_group_thread(sinks: Sinks, slack: FakeSlack) -> None:
     """A finding for a group with a message is a threaded reply to it; without one it stands alone."""
     refs = DictRefs()
-    sink = make_sink(slack, refs)
-    try:
-        await sink.send(group(alert()))
-        parent = slack.messages[0]
-        await sink.send(finding_note())
-        await sink.send(finding_note(key="f2", group_key="other-group"))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, refs)
+    await sink.send(group(alert()))
+    parent = slack.messages[0]
+    await sink.send(finding_note())
+    await sink.send(finding_note(key="f2", group_key="other-group"))
     [reply] = slack.replies(parent.ts)
     assert reply.channel == CHANNEL_ID and reply.header() == ":rotating_light: Finding: gpu-oom-runtime"
     assert [m.header() for m in slack.in_channel(CHANNEL_ID)] == [
@@ -433,50 +420,39 @@ async def test_finding_goes_into_the_group_thread(slack: FakeSlack) -> None:
     assert slack.in_channel(CHANNEL_ID)[1].thread_ts is None
 
 
-async def test_two_messages_in_one_second_wait_per_channel(slack: FakeSlack) -> None:
+async def test_two_messages_in_one_second_wait_per_channel(sinks: Sinks, slack: FakeSlack) -> None:
     """max_messages_per_second=1: the second write to the channel waits 1 s on the injected sleep."""
     ft = FakeTime()
     refs = DictRefs()
-    sink = make_sink(slack, refs, ft)
-    try:
-        await sink.send(group(alert(), key="a", group_key="g1"))
-        await sink.send(group(alert(), key="b", group_key="g2"))
-        assert ft.sleeps == [1.0]
-        await sink.send(group(alert("resolved"), key="c", group_key="g1"))  # an update by channel ID: same channel
-        assert ft.sleeps == [1.0, 1.0]
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, refs, ft)
+    await sink.send(group(alert(), key="a", group_key="g1"))
+    await sink.send(group(alert(), key="b", group_key="g2"))
+    assert ft.sleeps == [1.0]
+    await sink.send(group(alert("resolved"), key="c", group_key="g1"))  # an update by channel ID: same channel
+    assert ft.sleeps == [1.0, 1.0]
 
 
-async def test_rate_is_configurable_per_channel(slack: FakeSlack) -> None:
+async def test_rate_is_configurable_per_channel(sinks: Sinks, slack: FakeSlack) -> None:
     """At 4 messages per second the spacing is 0.25 s; another channel is not held up."""
     ft = FakeTime()
     refs = DictRefs()
-    sink = make_sink(slack, refs, ft, max_messages_per_second=4)
-    try:
-        await sink.send(group(alert(), key="a", group_key="g1"))
-        await sink.send(group(alert(), key="b", group_key="g2"))
-        refs.put_ref("slack", "g3", "C0GENERAL1", "1690000000.000100")  # a ref in #general (gone: posts anew)
-        await sink.send(group(alert(), key="c", group_key="g3"))
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, refs, ft, max_messages_per_second=4)
+    await sink.send(group(alert(), key="a", group_key="g1"))
+    await sink.send(group(alert(), key="b", group_key="g2"))
+    refs.put_ref("slack", "g3", "C0GENERAL1", "1690000000.000100")  # a ref in #general (gone: posts anew)
+    await sink.send(group(alert(), key="c", group_key="g3"))
     assert ft.sleeps == [0.25, 0.25]  # g2 waits; g3's update to #general does not; its fallback post to #alerts does
 
 
-async def test_retry_adopts_the_message_an_earlier_attempt_posted(slack: FakeSlack) -> None:
+async def test_retry_adopts_the_message_an_earlier_attempt_posted(sinks: Sinks, slack: FakeSlack) -> None:
     """attempt>0 with no ref: the message found by its metadata key is updated, not posted twice."""
     ft = FakeTime()
-    first = make_sink(slack, DictRefs(), ft)
-    try:
-        await first.send(group(alert(), key="dup"))  # posted, but the agent "crashes" before storing anything
-    finally:
-        await first.close()
+    first = sinks.bot(slack, DictRefs(), ft)
+    await first.send(group(alert(), key="dup"))  # posted, but the agent "crashes" before storing anything
+    await first.close()
     refs = DictRefs()
-    restarted = make_sink(slack, refs, ft)
-    try:
-        reply = await restarted.send(group(alert(), key="dup"), attempt=1)
-    finally:
-        await restarted.close()
+    restarted = sinks.bot(slack, refs, ft)
+    reply = await restarted.send(group(alert(), key="dup"), attempt=1)
     assert len(slack.messages) == 1 and len(slack.calls_to("chat.postMessage")) == 1
     assert reply is not None and reply["ts"] == slack.messages[0].ts
     assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, slack.messages[0].ts)
@@ -487,61 +463,43 @@ async def test_retry_adopts_the_message_an_earlier_attempt_posted(slack: FakeSla
     assert len(slack.calls_to("conversations.list")) == 1  # '#alerts' -> C0123ABCD
 
 
-async def test_retry_without_an_earlier_post_posts_once(slack: FakeSlack) -> None:
+async def test_retry_without_an_earlier_post_posts_once(sinks: Sinks, slack: FakeSlack) -> None:
     """attempt>0 when nothing was posted (other messages in the channel): the check finds nothing and posts."""
-    sink = make_sink(slack, channel=CHANNEL_ID)
-    try:
-        await sink.send(group(alert(), key="other", group_key="g-other"))
-        await sink.send(group(alert(), key="new"), attempt=2)
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, channel=CHANNEL_ID)
+    await sink.send(group(alert(), key="other", group_key="g-other"))
+    await sink.send(group(alert(), key="new"), attempt=2)
     assert len(slack.calls_to("chat.postMessage")) == 2
     assert slack.calls_to("conversations.list") == []  # the configured channel is already an ID
 
 
-async def test_retry_without_history_scope_still_posts(slack: FakeSlack) -> None:
+async def test_retry_without_history_scope_still_posts(sinks: Sinks, slack: FakeSlack) -> None:
     """A bot without channels:history cannot check; it logs a warning and posts (at least once)."""
     slack.fail("conversations.history", error="missing_scope")
-    sink = make_sink(slack)
-    try:
-        with capture_logs() as logs:
-            await sink.send(group(alert(), key="k"), attempt=1)
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack)
+    with capture_logs() as logs:
+        await sink.send(group(alert(), key="k"), attempt=1)
     assert len(slack.messages) == 1
     assert any(e["event"].startswith("slack history not readable") for e in logs)
 
 
-async def test_retry_when_history_fails_transiently_does_not_post(slack: FakeSlack) -> None:
+async def test_retry_when_history_fails_transiently_does_not_post(sinks: Sinks, slack: FakeSlack) -> None:
     """A 5xx during the duplicate check is a retryable error, not a blind post."""
     slack.fail("conversations.history", status=503)
-    sink = make_sink(slack, channel=CHANNEL_ID)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()), attempt=1)
-    finally:
-        await sink.close()
+    sink = sinks.bot(slack, channel=CHANNEL_ID)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()), attempt=1)
     assert not info.value.permanent and slack.messages == []
 
 
 # --- incoming-webhook mode ----------------------------------------------------------------
 
 
-def webhook_sink(fake: FakeSlack, ft: FakeTime | None = None) -> SlackSink:
-    ft = ft or FakeTime()
-    config = SlackReceiverConfig(webhook_url=SecretStr(fake.webhook_url))
-    return SlackSink("hook", config, DictRefs(), clock=ft.clock, sleep=ft.sleep)
-
-
-async def test_webhook_posts_every_notification_as_a_new_message(slack: FakeSlack) -> None:
+async def test_webhook_posts_every_notification_as_a_new_message(sinks: Sinks, slack: FakeSlack) -> None:
     """A webhook cannot update: firing, resolved and a finding are three messages with the same blocks."""
-    sink = webhook_sink(slack)
-    try:
-        assert await sink.send(group(alert())) is None
-        await sink.send(group(alert("resolved"), key="n2"))
-        await sink.send(finding_note())
-    finally:
-        await sink.close()
+    sink = sinks.webhook(slack)
+    assert await sink.send(group(alert())) is None
+    await sink.send(group(alert("resolved"), key="n2"))
+    await sink.send(finding_note())
     assert [m.via for m in slack.messages] == ["webhook"] * 3
     assert [m.header() for m in slack.messages] == [
         ":warning: [FIRING:1] VLLMKVCacheSaturated", ":white_check_mark: [RESOLVED] VLLMKVCacheSaturated",
@@ -551,33 +509,27 @@ async def test_webhook_posts_every_notification_as_a_new_message(slack: FakeSlac
 
 @pytest.mark.parametrize(("status", "error"), [(400, "invalid_payload"), (400, "no_text"),
                                                (410, "channel_is_archived"), (403, "action_prohibited")])
-async def test_webhook_client_errors_are_permanent(slack: FakeSlack, status: int, error: str) -> None:
+async def test_webhook_client_errors_are_permanent(sinks: Sinks, slack: FakeSlack, status: int, error: str) -> None:
     """Webhook answers like 400 invalid_payload are permanent; the URL (a secret) is not in the message."""
     slack.fail("webhook", status=status, error=error)
-    sink = webhook_sink(slack)
-    try:
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert()))
-    finally:
-        await sink.close()
+    sink = sinks.webhook(slack)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()))
     assert info.value.permanent and error in str(info.value)
     assert "fakewebhooksecret" not in str(info.value)
 
 
-async def test_webhook_429_retried_and_5xx_retryable(slack: FakeSlack) -> None:
+async def test_webhook_429_retried_and_5xx_retryable(sinks: Sinks, slack: FakeSlack) -> None:
     """A webhook 429 is retried after Retry-After; a 500 becomes a retryable error."""
     slack.fail("webhook", status=429, retry_after=1)
     ft = FakeTime()
-    sink = webhook_sink(slack, ft)
-    try:
-        await sink.send(group(alert()))
-        assert len(slack.messages) == 1 and ft.sleeps == [1.0]
-        slack.fail("webhook", status=500, error="rollup_error")
-        with pytest.raises(DeliveryError) as info:
-            await sink.send(group(alert(), key="n2"))
-        assert not info.value.permanent
-    finally:
-        await sink.close()
+    sink = sinks.webhook(slack, ft)
+    await sink.send(group(alert()))
+    assert len(slack.messages) == 1 and ft.sleeps == [1.0]
+    slack.fail("webhook", status=500, error="rollup_error")
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert(), key="n2"))
+    assert not info.value.permanent
 
 
 # --- the fake itself --------------------------------------------------------------------------
