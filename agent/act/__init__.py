@@ -38,7 +38,7 @@ from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
 from agent.rules.manager import AlertEvent, Group, RuleManager
 
-__all__ = ["ActCollector", "ActLayer", "ActViews", "build_sinks"]
+__all__ = ["ActCollector", "ActLayer", "ActViews", "WriterRefs", "build_sinks"]
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +51,7 @@ def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
         if r.console is not None:
             sinks[r.name] = ConsoleSink(r.name, stream or sys.stdout)
         elif r.slack is not None:
-            sinks[r.name] = SlackSink(r.name, r.slack, db.nflog)
+            sinks[r.name] = SlackSink(r.name, r.slack, WriterRefs(db))
         elif r.webhook is not None:
             sinks[r.name] = WebhookSink(r.name, r.webhook, session)
         elif r.alertmanager is not None:
@@ -71,6 +71,23 @@ class ActViews:
     outbox_depth: dict[str, int] = field(default_factory=dict)
     desired_replicas: dict[str, int] = field(default_factory=dict)
     silences_active: int = 0
+
+
+class WriterRefs:
+    """The Slack sink's message references in the notification log, read and written on the state
+    database's writer thread (:class:`~agent.act.sinks.MessageRefs`)."""
+
+    def __init__(self, db: StateDB) -> None:
+        self._db = db
+
+    async def get_ref(self, receiver: str, group_key: str) -> tuple[str, str] | None:
+        return await self._db.run(self._db.nflog.get_ref, receiver, group_key)
+
+    async def put_ref(self, receiver: str, group_key: str, channel: str, ts: str) -> None:
+        await self._db.run(self._db.nflog.put_ref, receiver, group_key, channel, ts)
+
+    async def delete_ref(self, receiver: str, group_key: str) -> None:
+        await self._db.run(self._db.nflog.delete_ref, receiver, group_key)
 
 
 class ActLayer:

@@ -290,18 +290,25 @@ def test_bad_nccl_schedule_is_a_config_error() -> None:
 
 async def test_no_state_query_runs_on_the_event_loop(fleet: Fleet, tmp_path: Path) -> None:
     """Once started, every SQLite statement (each write, commit and read) runs on the state-writer thread:
-    evaluations that notify, deliveries, findings, the silences and incidents API, /metrics."""
+    evaluations that notify, webhook and Slack deliveries (with Slack's message refs), findings, the
+    silences and incidents API, /metrics."""
     import threading
 
     from agent.diagnose.findings import Finding
+    from tests.fake_slack import running_fake_slack
     from tests.receivers import RecordingServer
 
     rules = tmp_path / "r.rules.yaml"
     rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: A\n        expr: vector(1)\n")
-    async with RecordingServer() as hook:
+    token = tmp_path / "slack-token"
+    async with RecordingServer() as hook, running_fake_slack() as slack:
+        token.write_text(slack.token)
         config = _config(fleet, rules={"files": [str(rules)]}, state={"path": str(tmp_path / "s.db")},
-                         receivers=[{"name": "hook", "webhook": {"url": hook.url()}}],
-                         route={"receiver": "hook", "group_wait": "0s"})
+                         receivers=[{"name": "hook", "webhook": {"url": hook.url()}},
+                                    {"name": "slack", "slack": {"token_file": str(token), "channel": "#alerts",
+                                                                "api_url": slack.api_url}}],
+                         route={"receiver": "hook", "group_wait": "0s",
+                                "routes": [{"receiver": "slack", "continue": True}, {"receiver": "hook"}]})
         agent = Agent(config, nvml_module=FakeNvml().module, hostname="n")
         statements: list[tuple[str, str]] = []
 
@@ -315,10 +322,10 @@ async def test_no_state_query_runs_on_the_event_loop(fleet: Fleet, tmp_path: Pat
             base = f"http://127.0.0.1:{agent.port}"
             async with aiohttp.ClientSession() as http:
                 for _ in range(200):
-                    if hook.requests:
+                    if hook.requests and slack.messages:
                         break
                     await asyncio.sleep(0.05)
-                assert hook.requests, "the firing alert never reached the webhook"
+                assert hook.requests and slack.messages, "the firing alert never reached both receivers"
                 async with http.post(f"{base}/api/v1/silences",
                                      json={"matchers": ['alertname="B"'], "duration": "1h"}) as r:
                     assert r.status == 200

@@ -150,13 +150,13 @@ class SlackSink:
     async def _send_alerts(self, n: Notification, attempt: int) -> dict[str, Any]:
         text, blocks = alert_blocks(n, self._config.dashboard_url)
         metadata = self._metadata(ALERT_EVENT_TYPE, n)
-        ref = self._refs.get_ref(self.name, n.group_key)
+        ref = await self._refs.get_ref(self.name, n.group_key)
         if ref is None and attempt > 0:
             ref = await self._find_posted(n.key)
             if ref is not None:
                 self._log.info("slack adopting message an earlier attempt posted", key=n.key, channel=ref[0],
                                ts=ref[1])
-                self._refs.put_ref(self.name, n.group_key, ref[0], ref[1])
+                await self._refs.put_ref(self.name, n.group_key, ref[0], ref[1])
         reply: dict[str, Any] | None = None
         if ref is not None:
             channel, ts = ref
@@ -167,22 +167,22 @@ class SlackSink:
             else:
                 self._log.info("slack message gone, posting a new one", key=n.key, channel=channel, ts=ts,
                                error=reply.get("error"))
-                self._refs.delete_ref(self.name, n.group_key)
+                await self._refs.delete_ref(self.name, n.group_key)
                 reply = None
         if reply is None:
             reply = await self._post(text, blocks, metadata)
             channel_id, ts_new = reply.get("channel"), reply.get("ts")
             if n.status == "firing" and isinstance(channel_id, str) and isinstance(ts_new, str):
-                self._refs.put_ref(self.name, n.group_key, channel_id, ts_new)
+                await self._refs.put_ref(self.name, n.group_key, channel_id, ts_new)
             self._log.info("slack message posted", key=n.key, status=n.status, channel=channel_id, ts=ts_new)
         if n.status == "resolved":
-            self._refs.delete_ref(self.name, n.group_key)
+            await self._refs.delete_ref(self.name, n.group_key)
         return reply
 
     async def _send_finding(self, n: Notification, attempt: int) -> dict[str, Any]:
         text, blocks = finding_blocks(n.finding or {}, self._config.dashboard_url)
         metadata = self._metadata(FINDING_EVENT_TYPE, n)
-        ref = self._refs.get_ref(self.name, n.group_key) if n.group_key else None
+        ref = await self._refs.get_ref(self.name, n.group_key) if n.group_key else None
         if ref is not None:
             return await self._post(text, blocks, metadata, channel=ref[0], thread_ts=ref[1])
         if attempt > 0:

@@ -24,18 +24,18 @@ RUNBOOK = "https://example.com/runbooks/VLLMKVCacheSaturated.md"
 
 
 class DictRefs:
-    """MessageRefs in a dict (agent.act.state.StateDB satisfies the same protocol)."""
+    """MessageRefs in a dict (the daemon uses agent.act.WriterRefs over the state database)."""
 
     def __init__(self) -> None:
         self.refs: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def get_ref(self, receiver: str, group_key: str) -> tuple[str, str] | None:
+    async def get_ref(self, receiver: str, group_key: str) -> tuple[str, str] | None:
         return self.refs.get((receiver, group_key))
 
-    def put_ref(self, receiver: str, group_key: str, channel: str, ts: str) -> None:
+    async def put_ref(self, receiver: str, group_key: str, channel: str, ts: str) -> None:
         self.refs[(receiver, group_key)] = (channel, ts)
 
-    def delete_ref(self, receiver: str, group_key: str) -> None:
+    async def delete_ref(self, receiver: str, group_key: str) -> None:
         self.refs.pop((receiver, group_key), None)
 
 
@@ -257,7 +257,7 @@ async def test_post_then_resolve_updates_the_same_message(sinks: Sinks, slack: F
     assert reply is not None and reply["channel"] == CHANNEL_ID
     assert slack.calls_to("chat.postMessage")[0].body["channel"] == "#alerts"
     ts = reply["ts"]
-    assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, ts)
+    assert refs.refs.get(("slack", GROUP)) == (CHANNEL_ID, ts)
     posted = slack.find(ts)
     assert posted is not None and posted.metadata == {
         "event_type": "sre_agent_alert",
@@ -273,7 +273,7 @@ async def test_post_then_resolve_updates_the_same_message(sinks: Sinks, slack: F
     assert message.edits == 2
     assert message.header() == ":white_check_mark: [RESOLVED] VLLMKVCacheSaturated"
     assert message.metadata is not None and message.metadata["event_payload"]["key"] == "n3"
-    assert refs.get_ref("slack", GROUP) is None
+    assert refs.refs.get(("slack", GROUP)) is None
 
 
 async def test_refire_after_resolve_starts_a_new_message(sinks: Sinks, slack: FakeSlack) -> None:
@@ -285,21 +285,21 @@ async def test_refire_after_resolve_starts_a_new_message(sinks: Sinks, slack: Fa
     await sink.send(group(alert(), key="c"))
     assert [m.header() for m in slack.in_channel(CHANNEL_ID)] == [
         ":white_check_mark: [RESOLVED] VLLMKVCacheSaturated", ":warning: [FIRING:1] VLLMKVCacheSaturated"]
-    assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, slack.messages[1].ts)
+    assert refs.refs.get(("slack", GROUP)) == (CHANNEL_ID, slack.messages[1].ts)
 
 
 @pytest.mark.parametrize("error", ["message_not_found", "cant_update_message", "channel_not_found"])
 async def test_update_of_a_gone_message_falls_back_to_a_new_post(sinks: Sinks, slack: FakeSlack, error: str) -> None:
     """If Slack says the stored message cannot be updated, the sink posts anew and stores the new ref."""
     refs = DictRefs()
-    refs.put_ref("slack", GROUP, CHANNEL_ID, "1690000000.000100")
+    refs.refs[("slack", GROUP)] = (CHANNEL_ID, "1690000000.000100")
     if error != "message_not_found":  # the fake answers message_not_found for the unknown ts by itself
         slack.fail("chat.update", error=error)
     sink = sinks.bot(slack, refs)
     reply = await sink.send(group(alert(), key="x"), attempt=0)
     assert reply is not None
     assert len(slack.calls_to("chat.update")) == 1 and len(slack.calls_to("chat.postMessage")) == 1
-    assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, slack.messages[0].ts)
+    assert refs.refs.get(("slack", GROUP)) == (CHANNEL_ID, slack.messages[0].ts)
 
 
 async def test_429_is_retried_inside_the_call_after_retry_after(sinks: Sinks, slack: FakeSlack) -> None:
@@ -439,7 +439,7 @@ async def test_rate_is_configurable_per_channel(sinks: Sinks, slack: FakeSlack) 
     sink = sinks.bot(slack, refs, ft, max_messages_per_second=4)
     await sink.send(group(alert(), key="a", group_key="g1"))
     await sink.send(group(alert(), key="b", group_key="g2"))
-    refs.put_ref("slack", "g3", "C0GENERAL1", "1690000000.000100")  # a ref in #general (gone: posts anew)
+    refs.refs[("slack", "g3")] = ("C0GENERAL1", "1690000000.000100")  # a ref in #general (gone: posts anew)
     await sink.send(group(alert(), key="c", group_key="g3"))
     assert ft.sleeps == [0.25, 0.25]  # g2 waits; g3's update to #general does not; its fallback post to #alerts does
 
@@ -455,7 +455,7 @@ async def test_retry_adopts_the_message_an_earlier_attempt_posted(sinks: Sinks, 
     reply = await restarted.send(group(alert(), key="dup"), attempt=1)
     assert len(slack.messages) == 1 and len(slack.calls_to("chat.postMessage")) == 1
     assert reply is not None and reply["ts"] == slack.messages[0].ts
-    assert refs.get_ref("slack", GROUP) == (CHANNEL_ID, slack.messages[0].ts)
+    assert refs.refs.get(("slack", GROUP)) == (CHANNEL_ID, slack.messages[0].ts)
     [history] = slack.calls_to("conversations.history")
     assert history.http_method == "GET"
     assert history.body["channel"] == CHANNEL_ID and history.body["include_all_metadata"] == "1"
