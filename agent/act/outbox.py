@@ -32,7 +32,8 @@ __all__ = ["DeliveryStats", "OutboxDelivery"]
 
 log = structlog.get_logger(__name__)
 
-_SEND_TIMEOUT_FLOOR_S = 30.0  # a sink has its own timeouts; this guards against one that hangs anyway
+#: Added to a sink's own ``deadline_s`` before the outbox cancels a send (a retryable failure).
+SEND_GRACE_S = 1.0
 
 
 @dataclass
@@ -127,7 +128,7 @@ class OutboxDelivery:
         wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
         await self._db.run(self._db.outbox.begin_attempt, item.id, next_attempt_ms=now_ms + wait_ms)
         try:
-            reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=_SEND_TIMEOUT_FLOOR_S)
+            reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=sink.deadline_s + SEND_GRACE_S)
         except (DeliveryError, TimeoutError) as exc:
             await self._failed(item, n, exc, bound, wait_ms)
             return False

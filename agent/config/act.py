@@ -8,12 +8,12 @@ Matching is written the Alertmanager way everywhere (routes, actions, scaling se
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from apscheduler.triggers.cron import CronTrigger
-from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from agent.config.types import ConfigModel, Duration, check_url, resolve_secret
+from agent.config.types import ConfigModel, Duration, check_url, format_duration, resolve_secret
 from agent.matchers import Matcher, parse_matchers
 
 __all__ = [
@@ -65,6 +65,22 @@ class _Matching(ConfigModel):
         return v
 
 
+#: The longest a receiver may take to answer one request. One delivery attempt holds its
+#: receiver's queue, so a receiver slower than this is treated as down, not waited for.
+MAX_RECEIVER_TIMEOUT_S = 300.0
+
+
+def _receiver_timeout(v: float) -> float:
+    if not 0 < v <= MAX_RECEIVER_TIMEOUT_S:
+        raise ValueError(f"must be positive and at most {format_duration(MAX_RECEIVER_TIMEOUT_S)} (one delivery "
+                         f"attempt holds its receiver's queue; a receiver slower than that is down): "
+                         f"{format_duration(v)}")
+    return v
+
+
+ReceiverTimeout = Annotated[Duration, AfterValidator(_receiver_timeout)]
+
+
 class ConsoleReceiverConfig(ConfigModel):
     """Readable one-line-per-alert output on stdout (the default receiver)."""
 
@@ -79,7 +95,7 @@ class SlackReceiverConfig(ConfigModel):
     api_url: str = "https://slack.com/api/"
     dashboard_url: str = ""  # the "Dashboard" button; empty hides it
     max_messages_per_second: float = Field(default=1.0, gt=0)  # Slack's documented per-channel limit
-    timeout: Duration = 10.0
+    timeout: ReceiverTimeout = 10.0
 
     @model_validator(mode="before")
     @classmethod
@@ -105,7 +121,7 @@ class AlertmanagerReceiverConfig(ConfigModel):
     Alertmanager; each gets every alert (never put a load balancer in between)."""
 
     urls: list[str] = Field(min_length=1)  # base URLs, e.g. http://alertmanager:9093
-    timeout: Duration = 10.0
+    timeout: ReceiverTimeout = 10.0
     resend_delay: Duration = 60.0  # Prometheus' --rules.alert.resend-delay
 
     @field_validator("urls")
@@ -119,7 +135,7 @@ class SignedWebhookConfig(ConfigModel):
 
     url: str
     secret: SecretStr | None = None  # secret_file / secret_env: HMAC-SHA256 over timestamp + body
-    timeout: Duration = 10.0
+    timeout: ReceiverTimeout = 10.0
     verify_tls: bool = True
 
     @model_validator(mode="before")

@@ -11,6 +11,7 @@ receiver's ``Retry-After`` when that is longer. With ``rng = 0.5`` that is ``0.7
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -29,8 +30,9 @@ from agent.act.routing import Router
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink
 from agent.act.state import StateDB
-from agent.config import Config
+from agent.config import Config, load_config
 from agent.diagnose.findings import Finding
+from agent.errors import ConfigError
 from agent.rules.manager import Alert, AlertEvent, AlertState
 from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
@@ -503,6 +505,7 @@ class Flaky:
 
     def __init__(self) -> None:
         self.name = "hook"
+        self.deadline_s = 5.0
         self.calls = 0
         self.sent: list[Notification] = []
 
@@ -528,6 +531,56 @@ async def test_sink_bug_is_retried_and_the_dispatcher_lives_on(db: StateDB,
     assert sink.calls == 2 and len(sink.sent) == 1 and sink.sent[0].alerts[0].labels["alertname"] == "Q"
     assert rig.d.stats.retried == {"hook": 1} and rig.d.stats.sent == {"hook": 1}
     assert rig.db.outbox.depth() == {}
+
+
+class Hung:
+    """A sink whose send never returns, however long its own timeouts say a send may take."""
+
+    def __init__(self, deadline_s: float) -> None:
+        self.name = "hook"
+        self.deadline_s = deadline_s
+        self.started = 0
+
+    async def send(self, notification: Notification, *, attempt: int = 0) -> dict[str, Any] | None:
+        self.started += 1
+        await asyncio.Event().wait()
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_hung_send_is_cut_at_the_sinks_own_deadline(db: StateDB, session: aiohttp.ClientSession) -> None:
+    """The outbox cancels a send after the sink's deadline_s (+ 1 s grace), not after a fixed cap, and retries it."""
+    t = [T0]
+    sink = Hung(deadline_s=0.2)
+    cfg = make_config({"hook": webhook("http://127.0.0.1:9/unused")}, {"receiver": "hook", **FAST})
+    rig = Rig(cfg, db, session, t, specs=[spec("Q", 0)], sinks={"hook": sink})
+    await rig.run(30)  # group_wait: the first send starts at 30 s (each step waits for sends in flight)
+    assert sink.started == 1
+    assert rig.d.stats.retried == {"hook": 1}, "the hung send was not given up within its deadline"
+    [item] = db.outbox.pending()
+    assert item.attempts == 1 and item.last_error  # still queued, with the timeout as its last error
+
+
+def test_sink_deadlines_follow_their_configured_timeouts() -> None:
+    """A webhook configured with 60 s gets 60 s (no hidden 30 s cap); Slack's covers every call it may make."""
+    cfg = make_config({"hook": {"webhook": {"url": "http://127.0.0.1:9/x", "timeout": "1m"}},
+                       "am": {"alertmanager": {"urls": ["http://127.0.0.1:9"], "timeout": "45s"}},
+                       "slack": {"slack": {"token_env": "SLACK_TOKEN", "channel": "#alerts", "timeout": "20s"}}},
+                      {"receiver": "hook"})
+    sinks = build_sinks(cfg, StateDB(":memory:"), None, stream=io.StringIO())  # type: ignore[arg-type]
+    assert sinks["hook"].deadline_s == 60.0 and sinks["am[0]"].deadline_s == 45.0
+    assert sinks["slack"].deadline_s >= 13 * 20.0  # the channel lookup's pages, history, update and post
+
+
+def test_a_receiver_timeout_over_five_minutes_is_refused(tmp_path: Path) -> None:
+    """timeout above 5m is a config error naming the key: one attempt holds the receiver's queue."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("receivers: [{name: h, webhook: {url: 'http://127.0.0.1:9/x', timeout: 10m}}]\n"
+                    "route: {receiver: h}\n")
+    with pytest.raises(ConfigError, match=r"receivers\[0\]\.webhook\.timeout: must be positive and at most 5m"):
+        load_config(path, {})
 
 
 async def test_item_for_a_receiver_no_longer_configured_fails(db: StateDB,

@@ -20,9 +20,17 @@ __all__ = ["MessageRefs", "Sink"]
 
 
 class Sink(Protocol):
-    """One configured receiver."""
+    """One configured receiver.
+
+    ``deadline_s`` is the longest one :meth:`send` can take by the sink's own configured
+    timeouts (every HTTP call it may make, each at its full timeout, and its rate-limit
+    waits). The outbox cancels a send that outlives it (plus a second's grace) as a
+    retryable failure, so a sink with a bug cannot hold its queue forever, and no hidden
+    cap cuts short a timeout the operator configured.
+    """
 
     name: str
+    deadline_s: float
 
     async def send(self, notification: Notification, *, attempt: int = 0) -> dict[str, Any] | None:
         """Deliver once; raise DeliveryError unless the receiver acknowledged.

@@ -75,6 +75,7 @@ class AlertmanagerSink:
         self.name = name
         self.url = url.rstrip("/")
         self._config = config
+        self.deadline_s = config.timeout  # one POST, bounded as a whole by aiohttp's total timeout
         self._session = session
         self._clock = clock
 

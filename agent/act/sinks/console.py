@@ -112,12 +112,16 @@ def _number(value: float) -> str:
     return f"{value:.6g}"
 
 
+CONSOLE_DEADLINE_S = 10.0  # a write and a flush; only a stream nobody reads (a full pipe) takes longer
+
+
 class ConsoleSink:
     """Writes notifications to a text stream (stdout by default) and flushes."""
 
     def __init__(self, name: str, stream: TextIO | None = None) -> None:
         self.name = name
         self._stream = stream if stream is not None else sys.stdout
+        self.deadline_s = CONSOLE_DEADLINE_S
 
     async def send(self, notification: Notification, *, attempt: int = 0) -> dict[str, Any] | None:
         """Print the notification's lines; DeliveryError only if the stream is closed or broken."""

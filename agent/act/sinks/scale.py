@@ -50,6 +50,7 @@ class ScaleSink:
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.name = name
         self._config = config
+        self.deadline_s = config.timeout  # one POST, bounded as a whole by aiohttp's total timeout
         self._session = session
         self._clock = clock
 

@@ -91,6 +91,8 @@ HISTORY_LIMIT = 50  # messages read back for the duplicate check
 RATE_LIMIT_RETRIES = 2  # 429s slack-sdk retries inside one send
 MAX_INLINE_RETRY_AFTER_S = 5.0  # longer waits go back to the dispatcher's backoff
 _LIST_PAGES = 10  # conversations.list pages searched for the channel name
+# Web API calls one send may make: the channel lookup's pages, the duplicate check, an update, a post.
+_MAX_CALLS_PER_SEND = _LIST_PAGES + 3
 
 # chat.update answers that mean "that message is no longer there to update": post anew.
 _UPDATE_GONE = frozenset({"message_not_found", "cant_update_message", "channel_not_found", "edit_window_closed"})
@@ -115,6 +117,9 @@ class SlackSink:
     ) -> None:
         self.name = name
         self._config = config
+        self.deadline_s = _MAX_CALLS_PER_SEND * (
+            config.timeout * (1 + RATE_LIMIT_RETRIES) + RATE_LIMIT_RETRIES * MAX_INLINE_RETRY_AFTER_S
+            + 1 / config.max_messages_per_second)
         self._refs = refs
         self._sleep = sleep
         self._limiter = ChannelLimiter(config.max_messages_per_second, clock, sleep)

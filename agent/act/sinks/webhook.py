@@ -101,6 +101,7 @@ class WebhookSink:
                  clock: Callable[[], float] = time.time) -> None:
         self.name = name
         self._config = config
+        self.deadline_s = config.timeout  # one POST, bounded as a whole by aiohttp's total timeout
         self._session = session
         self._clock = clock
         self._secret = config.secret.get_secret_value().encode() if config.secret is not None else None
