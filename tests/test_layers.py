@@ -35,11 +35,11 @@ RANKS = {
     "agent.cli": 6,
     "agent.__main__": 7,
 }
-#: Receiver integrations (Alertmanager's ``notify/<kind>``): only the sink package itself and the
-#: act layer's wiring (its ``__init__``, which registers them) may import one.
+#: Receiver integrations (Alertmanager's ``notify/<kind>``): only the sink package itself (its
+#: registry builds them) may import one; the rest of the agent uses the registry and the shared parts.
 SINKS = "agent.act.sinks"
-SINK_SHARED = {f"{SINKS}.http", f"{SINKS}.signing"}
-SINK_IMPORTERS = {"agent.act"}
+SINK_SHARED = {f"{SINKS}.http", f"{SINKS}.signing", f"{SINKS}.registry"}
+SINK_IMPORTERS: set[str] = set()
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,13 @@ The daemon owns one :class:`ActLayer`. It is built from the config at start-up (
 bad receiver or route stops the agent before anything runs), opens the state
 database, restores alert state into the rule manager, and from then on takes each
 rule group's evaluation (:meth:`ActLayer.observe`) and runs the dispatch tick.
-Receivers are keyed by their outbox queue name: the receiver's name, ``name[i]`` for
-the i-th URL of an Alertmanager receiver (one queue per Alertmanager, so HA pairs
-are independent), ``scale:<service>`` for a scaling service's webhook.
+Receivers are keyed by their outbox queue name (:mod:`agent.act.queues`) and built by the
+sink registry (:mod:`agent.act.sinks.registry`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,14 +23,11 @@ from prometheus_client.registry import Collector
 
 from agent.act.dispatch import DiagnoseHook, Dispatcher
 from agent.act.notification import AlertSnapshot
+from agent.act.queues import QueueName
 from agent.act.routing import Router
 from agent.act.scaling import Scaler
-from agent.act.sinks import Sink
-from agent.act.sinks.alertmanager import AlertmanagerSink
-from agent.act.sinks.console import ConsoleSink
-from agent.act.sinks.scale import ScaleSink
-from agent.act.sinks.slack import SlackSink
-from agent.act.sinks.webhook import WebhookSink
+from agent.act.sinks import Sink, registry
+from agent.act.sinks.registry import SinkContext
 from agent.act.state import StateDB
 from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
@@ -44,23 +39,9 @@ log = structlog.get_logger(__name__)
 
 
 def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
-                stream: TextIO | None = None) -> dict[str, Sink]:
-    """One sink per outbox queue (see the module docstring for the queue names)."""
-    sinks: dict[str, Sink] = {}
-    for r in config.receivers:
-        if r.console is not None:
-            sinks[r.name] = ConsoleSink(r.name, stream or sys.stdout)
-        elif r.slack is not None:
-            sinks[r.name] = SlackSink(r.name, r.slack, WriterRefs(db))
-        elif r.webhook is not None:
-            sinks[r.name] = WebhookSink(r.name, r.webhook, session)
-        elif r.alertmanager is not None:
-            for i, url in enumerate(r.alertmanager.urls):
-                sinks[f"{r.name}[{i}]"] = AlertmanagerSink(r.name, url, r.alertmanager, session)
-    for svc in config.scaling.services:
-        if svc.webhook is not None:
-            sinks[f"scale:{svc.name}"] = ScaleSink(f"scale:{svc.name}", svc.webhook, session)
-    return sinks
+                stream: TextIO | None = None) -> dict[QueueName, Sink]:
+    """One sink per outbox queue (:mod:`agent.act.queues`), Slack's message refs on the writer thread."""
+    return registry.build_sinks(config, SinkContext(session, WriterRefs(db), stream))
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from agent.act.notification import (
     json_number,
 )
 from agent.act.outbox import DeliveryStats, OutboxDelivery
+from agent.act.queues import QueueName, alertmanager_queue, receiver_queue
 from agent.act.routing import Route, Router, active_silences, group_for, muted_by
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink
@@ -86,7 +87,7 @@ class Dispatcher:
         config: Config,
         db: StateDB,
         router: Router,
-        sinks: Mapping[str, Sink],
+        sinks: Mapping[QueueName, Sink],
         *,
         scaler: Scaler | None = None,
         diagnose: DiagnoseHook | None = None,
@@ -211,7 +212,7 @@ class Dispatcher:
         digest = hashlib.sha256(",".join([*sorted(fset), "|", *sorted(rset)]).encode()).hexdigest()[:12]
         n = Notification(
             key=f"{route.receiver}:{group_key_hash(route.receiver, ag.key)}:{digest}:{now_ms}",
-            receiver=route.receiver, kind="alerts", created_ms=now_ms, group_key=ag.key,
+            receiver=receiver_queue(route.receiver), kind="alerts", created_ms=now_ms, group_key=ag.key,
             group_labels=ag.labels, status="firing" if firing else "resolved",
             alerts=tuple(sorted(shown, key=lambda a: (a.status, sorted(a.labels.items())))),
             external_url=self._external_url,
@@ -254,9 +255,9 @@ class Dispatcher:
                 batches.setdefault(receiver, []).append(out)
         for receiver, alerts in batches.items():
             for i, _url in enumerate(self._am_urls[receiver]):
-                self._enqueue_am(f"{receiver}[{i}]", alerts, now_ms)
+                self._enqueue_am(alertmanager_queue(receiver, i), alerts, now_ms)
 
-    def _enqueue_am(self, queue: str, alerts: list[AlertSnapshot], now_ms: int) -> None:
+    def _enqueue_am(self, queue: QueueName, alerts: list[AlertSnapshot], now_ms: int) -> None:
         """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
         after an outage the Alertmanager gets each alert's latest state once, not a
         backlog of stale ``endsAt`` values that would flap it."""
@@ -333,8 +334,9 @@ class Dispatcher:
                 if self._kinds.get(route.receiver) == "alertmanager":
                     continue
                 gkey = group_for(route, labels)[0] if alert is not None else ""
-                n = Notification(key=f"finding:{route.receiver}:{digest}:{now_ms}", receiver=route.receiver,
-                                 kind="finding", created_ms=now_ms, group_key=gkey,
+                n = Notification(key=f"finding:{route.receiver}:{digest}:{now_ms}",
+                                 receiver=receiver_queue(route.receiver), kind="finding", created_ms=now_ms,
+                                 group_key=gkey,
                                  alerts=(alert,) if alert is not None else (), finding=finding.to_json(),
                                  external_url=self._external_url)
                 queued += int(self._db.outbox.enqueue(n, now_ms=now_ms))

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from agent.act.queues import QueueName
+
 __all__ = ["VALIDITY_FACTOR", "AlertSnapshot", "Notification", "Status", "fingerprint", "group_key_hash", "json_number"]
 
 Status = Literal["firing", "resolved"]
@@ -83,7 +85,7 @@ class Notification:
     """
 
     key: str
-    receiver: str
+    receiver: QueueName  # the outbox queue it waits in (agent.act.queues)
     kind: Kind
     created_ms: int
     group_key: str = ""

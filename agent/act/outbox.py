@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from agent.act.notification import Notification
+from agent.act.queues import QueueName
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink
 from agent.act.state import OutboxItem, StateDB
@@ -59,7 +60,7 @@ class OutboxDelivery:
     def __init__(
         self,
         db: StateDB,
-        sinks: Mapping[str, Sink],
+        sinks: Mapping[QueueName, Sink],
         notify: NotifyConfig,
         *,
         scaler: Scaler | None,

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import structlog
 
 from agent.act.notification import AlertSnapshot, Notification, json_number
+from agent.act.queues import scale_queue
 from agent.act.state import ScaleState, StateDB
 from agent.config import ScalingConfig, ScalingServiceConfig, format_duration
 from agent.matchers import Matcher, matchers_from, matches_all
@@ -225,7 +226,7 @@ class Scaler:
             return Decision(svc.name, direction, current, target, acted=False, dry_run=True, reason=reason)
         notification = None
         if svc.webhook is not None:
-            notification = Notification(key=plan.key, receiver=f"scale:{svc.name}", kind="scale", created_ms=now_ms,
+            notification = Notification(key=plan.key, receiver=scale_queue(svc.name), kind="scale", created_ms=now_ms,
                                         scale=plan.payload(alert, values or {}))  # fmt: skip
         self._act(plan, notification, alert)
         log.info("scale decided", service=svc.name, direction=direction, from_replicas=current,

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.act.notification import Notification
+from agent.act.queues import QueueName
 from agent.matchers import parse_matcher
 from agent.series import iso_ms
 
@@ -64,7 +65,7 @@ class OutboxItem:
     """One queued notification (a row of ``outbox``)."""
 
     id: int
-    receiver: str
+    receiver: QueueName  # the outbox queue (agent.act.queues)
     key: str
     kind: str
     payload: str  # Notification.to_json()
