@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Matcher", "matchers_from", "matches_all", "parse_matcher", "parse_matchers"]
+__all__ = ["AlertMatcher", "matchers_from", "matches_all", "parse_matcher", "parse_matchers"]
 
 # Alertmanager's own pattern; Go's \s is [\t\n\f\r ] and its $ is the end of the text.
 _MATCHER_RE = re.compile(r"[\t\n\f\r ]*([a-zA-Z_:][a-zA-Z0-9_:]*)[\t\n\f\r ]*(=~|=|!=|!~)[\t\n\f\r ]*(.*?)[\t\n\f\r ]*",
@@ -33,8 +33,9 @@ _OPS = ("=", "!=", "=~", "!~")
 
 
 @dataclass(frozen=True)
-class Matcher:
-    """One ``name op value`` test on an alert's labels."""
+class AlertMatcher:
+    """One ``name op value`` test on an alert's labels (routes, silences, actions), in Alertmanager's
+    syntax. Selecting series from the store is :class:`agent.store.SeriesMatcher`'s job."""
 
     name: str
     op: str
@@ -197,14 +198,14 @@ def _char_class(rx: str, i: int, out: list[str]) -> int:
     raise ValueError("missing closing ]")
 
 
-def parse_matcher(text: str) -> Matcher:
+def parse_matcher(text: str) -> AlertMatcher:
     """Parse one matcher; ``ValueError`` says what is wrong with it."""
     m = _MATCHER_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"bad matcher {text!r}: expected name=\"value\", name!=\"value\", "
                          "name=~\"regex\" or name!~\"regex\"")
     name, op, raw = m.groups()
-    return Matcher(name, op, _unquote(raw, text))
+    return AlertMatcher(name, op, _unquote(raw, text))
 
 
 def _unquote(raw: str, text: str) -> str:
@@ -233,7 +234,7 @@ def _unquote(raw: str, text: str) -> str:
     return "".join(out)
 
 
-def parse_matchers(text: str) -> list[Matcher]:
+def parse_matchers(text: str) -> list[AlertMatcher]:
     """Alertmanager's list form: ``{a="b", c=~"d"}`` or ``a=b,c=~d`` (braces optional, a trailing comma allowed).
 
     Commas inside double quotes do not split; an empty string gives no matchers.
@@ -266,18 +267,18 @@ def parse_matchers(text: str) -> list[Matcher]:
 
 def matchers_from(
     matchers: Iterable[str] = (), match: Mapping[str, str] | None = None, match_re: Mapping[str, str] | None = None
-) -> list[Matcher]:
+) -> list[AlertMatcher]:
     """Every form of matching a config item can use, as one list (all must hold).
 
     Each ``matchers`` entry is read with :func:`parse_matchers`, as Alertmanager reads a
     route's ``matchers:``, so ``'a="b",c="d"'`` is two matchers.
     """
     out = [m for t in matchers for m in parse_matchers(t)]
-    out += [Matcher(k, "=", v) for k, v in (match or {}).items()]
-    out += [Matcher(k, "=~", v) for k, v in (match_re or {}).items()]
+    out += [AlertMatcher(k, "=", v) for k, v in (match or {}).items()]
+    out += [AlertMatcher(k, "=~", v) for k, v in (match_re or {}).items()]
     return out
 
 
-def matches_all(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:
+def matches_all(matchers: Iterable[AlertMatcher], labels: Mapping[str, str]) -> bool:
     """Whether every matcher holds (vacuously true for none)."""
     return all(m.matches(labels) for m in matchers)

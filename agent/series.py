@@ -1,6 +1,6 @@
 """The data model shared by every source and the store: labels, samples, staleness.
 
-Sources (scraper, NVML poller) produce :class:`Sample` records; the store keeps them
+Sources (scraper, NVML poller) produce :class:`Observation` records; the store keeps them
 per series. Both sides import this module and nothing above it, which keeps the
 data flow one-way (sources -> store -> evaluate -> act).
 
@@ -21,7 +21,7 @@ __all__ = [
     "METRIC_NAME",
     "STALE_NAN",
     "Labels",
-    "Sample",
+    "Observation",
     "is_label_name",
     "is_stale",
     "iso_ms",
@@ -80,9 +80,10 @@ def labels_str(labels: Labels) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
-    """One observation. ``timestamp_ms`` is None when the source gave no timestamp
-    (the scrape time is then used, as Prometheus does)."""
+class Observation:
+    """One observed value with its labels, on its way into the store (an NVML reading, a telemetry
+    value). ``timestamp_ms`` is None when the source gave no timestamp (the scrape time is then used,
+    as Prometheus does). An element of a PromQL instant vector is :class:`agent.promql.Sample`."""
 
     labels: Labels
     value: float

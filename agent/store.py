@@ -31,9 +31,9 @@ from agent.series import METRIC_NAME, STALE_NAN, Labels, is_stale
 __all__ = [
     "AppendResult",
     "KeepList",
-    "Matcher",
     "RoundWriter",
     "Series",
+    "SeriesMatcher",
     "SeriesView",
     "Store",
 ]
@@ -109,8 +109,9 @@ class SeriesView:
 
 
 @dataclass(frozen=True, slots=True)
-class Matcher:
-    """A PromQL label matcher. Regexes are fully anchored, as in Prometheus."""
+class SeriesMatcher:
+    """A PromQL label matcher that selects series from the store (``{job=~"vllm.*"}``). Regexes are
+    fully anchored, as in Prometheus. Alert routing and silences use :class:`agent.matchers.AlertMatcher`."""
 
     name: str
     op: str
@@ -231,7 +232,7 @@ class Store:
     def names(self) -> list[str]:
         return sorted(self._by_name)
 
-    def iter_series(self, matchers: Iterable[Matcher] = ()) -> Iterator[Series]:
+    def iter_series(self, matchers: Iterable[SeriesMatcher] = ()) -> Iterator[Series]:
         """Series whose labels satisfy every matcher (missing label = empty string)."""
         ms = list(matchers)
         name_eq = next((m.value for m in ms if m.name == METRIC_NAME and m.op == "="), None)
@@ -249,7 +250,7 @@ class Store:
                         continue
                 yield s
 
-    def select(self, matchers: Iterable[Matcher], start_ms: int, end_ms: int) -> list[SeriesView]:
+    def select(self, matchers: Iterable[SeriesMatcher], start_ms: int, end_ms: int) -> list[SeriesView]:
         """Samples of every matching series within ``[start_ms, end_ms]``; series with
         no sample in the range are left out."""
         out = []

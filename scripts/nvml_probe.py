@@ -24,7 +24,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
 from agent.collect.nvml import NvmlSource
-from agent.series import Sample
+from agent.series import Observation
 
 
 def _escape(value: str) -> str:
@@ -39,7 +39,7 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def exposition(sample: Sample) -> str:
+def exposition(sample: Observation) -> str:
     """One sample as a line of the Prometheus text format, with its timestamp."""
     labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sample.labels if k != "__name__")
     body = f"{sample.name}{{{labels}}}" if labels else sample.name

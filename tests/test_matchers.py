@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.matchers import Matcher, matchers_from, matches_all, parse_matcher, parse_matchers
+from agent.matchers import AlertMatcher, matchers_from, matches_all, parse_matcher, parse_matchers
 
 AMTOOL = shutil.which("amtool")
 needs_amtool = pytest.mark.skipif(
@@ -58,24 +58,24 @@ def receivers_of(proc: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ('severity="critical"', Matcher("severity", "=", "critical")),
-    ("severity=critical", Matcher("severity", "=", "critical")),
-    ('  job != "vllm"  ', Matcher("job", "!=", "vllm")),
-    ('alertname=~"VLLM.*"', Matcher("alertname", "=~", "VLLM.*")),
-    ("alertname!~VLLM.*", Matcher("alertname", "!~", "VLLM.*")),
-    ('a:b="c"', Matcher("a:b", "=", "c")),
-    ('a=""', Matcher("a", "=", "")),
-    ("a=", Matcher("a", "=", "")),
-    ('a="x\\"y"', Matcher("a", "=", 'x"y')),
-    ('a="x\\\\y"', Matcher("a", "=", "x\\y")),
-    ('a="x\\ny"', Matcher("a", "=", "x\ny")),
-    ('a="x\\ty"', Matcher("a", "=", "x\\ty")),  # an unknown escape keeps its backslash
-    ("a=x\\", Matcher("a", "=", "x\\")),  # a final backslash is literal
-    ('a=b\\"c', Matcher("a", "=", 'b"c')),  # bare values take escapes too
-    ('a="b c"', Matcher("a", "=", "b c")),
-    ('a="b,c"', Matcher("a", "=", "b,c")),
+    ('severity="critical"', AlertMatcher("severity", "=", "critical")),
+    ("severity=critical", AlertMatcher("severity", "=", "critical")),
+    ('  job != "vllm"  ', AlertMatcher("job", "!=", "vllm")),
+    ('alertname=~"VLLM.*"', AlertMatcher("alertname", "=~", "VLLM.*")),
+    ("alertname!~VLLM.*", AlertMatcher("alertname", "!~", "VLLM.*")),
+    ('a:b="c"', AlertMatcher("a:b", "=", "c")),
+    ('a=""', AlertMatcher("a", "=", "")),
+    ("a=", AlertMatcher("a", "=", "")),
+    ('a="x\\"y"', AlertMatcher("a", "=", 'x"y')),
+    ('a="x\\\\y"', AlertMatcher("a", "=", "x\\y")),
+    ('a="x\\ny"', AlertMatcher("a", "=", "x\ny")),
+    ('a="x\\ty"', AlertMatcher("a", "=", "x\\ty")),  # an unknown escape keeps its backslash
+    ("a=x\\", AlertMatcher("a", "=", "x\\")),  # a final backslash is literal
+    ('a=b\\"c', AlertMatcher("a", "=", 'b"c')),  # bare values take escapes too
+    ('a="b c"', AlertMatcher("a", "=", "b c")),
+    ('a="b,c"', AlertMatcher("a", "=", "b,c")),
 ])
-def test_parse_matcher(text: str, expected: Matcher) -> None:
+def test_parse_matcher(text: str, expected: AlertMatcher) -> None:
     """Quoted and bare values, operators, whitespace and the three escapes parse as Alertmanager does."""
     assert parse_matcher(text) == expected
 
@@ -89,8 +89,8 @@ def test_parse_matcher_rejects(text: str) -> None:
 
 def test_parse_matchers_list_forms() -> None:
     """Braces, commas, a trailing comma and commas inside quotes follow Alertmanager's ParseMatchers."""
-    assert parse_matchers('{a="b", c=~"d,e",}') == [Matcher("a", "=", "b"), Matcher("c", "=~", "d,e")]
-    assert parse_matchers("a=b,c!=d") == [Matcher("a", "=", "b"), Matcher("c", "!=", "d")]
+    assert parse_matchers('{a="b", c=~"d,e",}') == [AlertMatcher("a", "=", "b"), AlertMatcher("c", "=~", "d,e")]
+    assert parse_matchers("a=b,c!=d") == [AlertMatcher("a", "=", "b"), AlertMatcher("c", "!=", "d")]
     assert parse_matchers("") == []
     assert parse_matchers("{}") == []
     with pytest.raises(ValueError):
@@ -100,14 +100,15 @@ def test_parse_matchers_list_forms() -> None:
 def test_matchers_from_combines_every_form() -> None:
     """matchers, match and match_re become one list, with list-form entries split."""
     ms = matchers_from(['a="1",b="2"'], {"c": "3"}, {"d": "4|5"})
-    assert ms == [Matcher("a", "=", "1"), Matcher("b", "=", "2"), Matcher("c", "=", "3"), Matcher("d", "=~", "4|5")]
+    assert ms == [AlertMatcher("a", "=", "1"), AlertMatcher("b", "=", "2"), AlertMatcher("c", "=", "3"),
+                  AlertMatcher("d", "=~", "4|5")]
     assert matches_all(ms, {"a": "1", "b": "2", "c": "3", "d": "5"})
     assert not matches_all(ms, {"a": "1", "b": "2", "c": "3", "d": "45"})
 
 
 def test_str_round_trips() -> None:
     """str() gives the canonical quoted form, which parses back to the same matcher."""
-    m = Matcher("a", "!~", 'x"\\\ny')
+    m = AlertMatcher("a", "!~", 'x"\\\ny')
     assert str(m) == 'a!~"x\\"\\\\\\ny"'
     assert parse_matcher(str(m)) == m
 
@@ -115,9 +116,9 @@ def test_str_round_trips() -> None:
 def test_bad_operator_and_regex() -> None:
     """An unknown operator or a regex that does not compile is a ValueError naming it."""
     with pytest.raises(ValueError, match="operator"):
-        Matcher("a", "==", "b")
+        AlertMatcher("a", "==", "b")
     with pytest.raises(ValueError, match="regular expression"):
-        Matcher("a", "=~", "(")
+        AlertMatcher("a", "=~", "(")
 
 
 # -- matching --------------------------------------------------------------------------------------
@@ -159,12 +160,12 @@ def test_matches(text: str, labels: dict[str, str], hit: bool) -> None:
 def test_rejects_what_re2_lacks(rx: str) -> None:
     """Python-only regex syntax is refused, as Alertmanager refuses it, instead of meaning something else."""
     with pytest.raises(ValueError):
-        Matcher("a", "=~", rx)
+        AlertMatcher("a", "=~", rx)
 
 
 # -- differential: amtool --------------------------------------------------------------------------
 
-# Matcher texts and alert labels to try each on; amtool is the judge of parse errors and matches.
+# AlertMatcher texts and alert labels to try each on; amtool is the judge of parse errors and matches.
 DIFF_CASES: list[tuple[str, list[dict[str, str]]]] = [
     ('a="b"', [{"a": "b"}, {"a": "bb"}, {}]),
     ("a=b", [{"a": "b"}, {"a": " b"}]),

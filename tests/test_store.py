@@ -8,7 +8,7 @@ import pytest
 
 from agent.errors import StoreError
 from agent.series import STALE_NAN, is_stale, labels_from
-from agent.store import AppendResult, KeepList, Matcher, RoundWriter, Store
+from agent.store import AppendResult, KeepList, RoundWriter, SeriesMatcher, Store
 
 
 def _store() -> Store:
@@ -56,22 +56,22 @@ def test_select_by_matchers_and_time_range() -> None:
         s = st.series(labels_from("vllm:num_requests_waiting", {"instance": inst}))
         for t in range(0, 10_000, 1000):
             s.append(t, float(t))
-    views = st.select([Matcher("__name__", "=", "vllm:num_requests_waiting"), Matcher("instance", "=~", "a.*")],
-                      2000, 4000)
+    views = st.select([SeriesMatcher("__name__", "=", "vllm:num_requests_waiting"),
+                       SeriesMatcher("instance", "=~", "a.*")], 2000, 4000)
     assert sorted(dict(v.labels)["instance"] for v in views) == ["a:1", "ab:1"]
     assert all(list(v.ts) == [2000, 3000, 4000] for v in views)
-    assert len(st.select([Matcher("instance", "!~", "a.*")], 0, 10_000)) == 1
-    assert len(st.select([Matcher("instance", "=~", "b")], 0, 10_000)) == 0  # anchored: 'b' != 'b:1'
-    assert len(st.select([Matcher("__name__", "=~", "vllm:num_.*")], 0, 10_000)) == 3
-    assert len(st.select([Matcher("missing", "=", "")], 0, 10_000)) == 3  # absent label == empty
+    assert len(st.select([SeriesMatcher("instance", "!~", "a.*")], 0, 10_000)) == 1
+    assert len(st.select([SeriesMatcher("instance", "=~", "b")], 0, 10_000)) == 0  # anchored: 'b' != 'b:1'
+    assert len(st.select([SeriesMatcher("__name__", "=~", "vllm:num_.*")], 0, 10_000)) == 3
+    assert len(st.select([SeriesMatcher("missing", "=", "")], 0, 10_000)) == 3  # absent label == empty
 
 
 def test_bad_matchers_are_store_errors() -> None:
     """An invalid regex or operator is a StoreError, not a crash."""
     with pytest.raises(StoreError, match="bad regex"):
-        Matcher("a", "=~", "(")
+        SeriesMatcher("a", "=~", "(")
     with pytest.raises(StoreError, match="operator"):
-        Matcher("a", "<", "1")
+        SeriesMatcher("a", "<", "1")
 
 
 def test_gc_applies_retention_and_drops_empty_series() -> None:

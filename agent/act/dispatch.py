@@ -52,7 +52,7 @@ from agent.act.sinks import Sink
 from agent.act.state import NflogEntry, StateDB
 from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding
-from agent.matchers import Matcher
+from agent.matchers import AlertMatcher
 from agent.rules.manager import Alert, AlertEvent, AlertState
 
 __all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher"]
@@ -193,7 +193,7 @@ class Dispatcher:
                 del self._groups[gid]
         return queued
 
-    def _flush(self, ag: _AggGroup, silences: list[tuple[str, tuple[Matcher, ...]]], now_ms: int) -> int:
+    def _flush(self, ag: _AggGroup, silences: list[tuple[str, tuple[AlertMatcher, ...]]], now_ms: int) -> int:
         route = ag.route
         unmuted = [a for a in ag.alerts.values() if not muted_by(a.labels, silences)]  # MuteStage
         firing = [a for a in unmuted if a.status == "firing"]

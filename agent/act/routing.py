@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import structlog
 
 from agent.errors import ConfigError
-from agent.matchers import Matcher, matchers_from, matches_all, parse_matcher
+from agent.matchers import AlertMatcher, matchers_from, matches_all, parse_matcher
 
 if TYPE_CHECKING:
     from agent.config import ActionConfig, Config, RouteConfig
@@ -67,7 +67,7 @@ class Route:
 
     path: str  # "root", "root.0", "root.0.1": the index path, stable while the config is; part of group keys
     receiver: str
-    matchers: tuple[Matcher, ...]
+    matchers: tuple[AlertMatcher, ...]
     group_by: tuple[str, ...] | None  # None: group by all labels ("..." in the config)
     group_wait_s: float
     group_interval_s: float
@@ -188,7 +188,7 @@ def group_for(route: Route, labels: Mapping[str, str]) -> tuple[str, dict[str, s
     return f"{route.path}:{{{body}}}", group
 
 
-def active_silences(silences: Iterable[SilenceLike], now_ms: int) -> list[tuple[str, tuple[Matcher, ...]]]:
+def active_silences(silences: Iterable[SilenceLike], now_ms: int) -> list[tuple[str, tuple[AlertMatcher, ...]]]:
     """The silences in effect at ``now_ms`` as ``(id, parsed matchers)``, parsed once for a flush.
 
     A silence without matchers silences nothing (Alertmanager refuses to create one); one
@@ -205,7 +205,7 @@ def active_silences(silences: Iterable[SilenceLike], now_ms: int) -> list[tuple[
     return out
 
 
-def muted_by(labels: Mapping[str, str], active: Iterable[tuple[str, tuple[Matcher, ...]]]) -> list[str]:
+def muted_by(labels: Mapping[str, str], active: Iterable[tuple[str, tuple[AlertMatcher, ...]]]) -> list[str]:
     """Ids of the :func:`active_silences` whose matchers all match ``labels``."""
     return [sid for sid, ms in active if matches_all(ms, labels)]
 

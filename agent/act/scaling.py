@@ -45,7 +45,7 @@ from agent.act.notification import AlertSnapshot, Notification, json_number
 from agent.act.queues import scale_queue
 from agent.act.state import ScaleState, StateDB
 from agent.config import ScalingConfig, ScalingServiceConfig, format_duration
-from agent.matchers import Matcher, matchers_from, matches_all
+from agent.matchers import AlertMatcher, matchers_from, matches_all
 from agent.series import iso_ms
 
 __all__ = ["Decision", "Direction", "Scaler", "idempotency_key"]
@@ -128,7 +128,7 @@ class Scaler:
         self._db = db
         self._started_ms = started_ms
         self._services = {s.name: s for s in config.services}
-        self._matchers: list[tuple[ScalingServiceConfig, list[Matcher]]] = [
+        self._matchers: list[tuple[ScalingServiceConfig, list[AlertMatcher]]] = [
             (s, matchers_from(s.matchers, s.match, s.match_re)) for s in config.services
         ]
         self._unhealthy_ms: dict[str, int] = {}  # latest mark, written or not

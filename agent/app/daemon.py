@@ -39,7 +39,7 @@ from agent.config import Config
 from agent.promql import Engine
 from agent.rules.files import GroupSpec, load_rule_files
 from agent.rules.manager import AlertEvent, Group, RuleManager
-from agent.series import Sample
+from agent.series import Observation
 from agent.store import KeepList, RoundWriter, Store
 
 __all__ = ["Agent", "keep_list", "rule_paths"]
@@ -114,7 +114,7 @@ class Agent:
             self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
         self._nvml_started = False
-        self._nvml_samples: list[Sample] = []
+        self._nvml_samples: list[Observation] = []
         self.stats = _Stats()
         self.registry = build_registry(
             AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules),

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.collect.scrape import Scraper
 from agent.rules.manager import AlertState, RuleManager
-from agent.series import Sample
+from agent.series import Observation
 from agent.store import AppendResult, Store
 
 __all__ = ["AgentCollector", "CycleStats", "build_registry"]
@@ -37,7 +37,7 @@ class AgentCollector(Collector):
         self,
         scraper: Scraper,
         store: Store,
-        nvml_samples: Callable[[], Sequence[Sample]],
+        nvml_samples: Callable[[], Sequence[Observation]],
         stats: CycleStats,
         rules: RuleManager | None = None,
     ) -> None:
@@ -118,7 +118,7 @@ class AgentCollector(Collector):
         yield rej
 
 
-def _as_families(samples: Sequence[Sample]) -> Iterator[Metric]:
+def _as_families(samples: Sequence[Observation]) -> Iterator[Metric]:
     """Re-export source samples as-is (names ending in ``_total`` become counters)."""
     fams: dict[str, Metric] = {}
     for s in samples:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from structlog.typing import FilteringBoundLogger
 
-from agent.series import Sample, labels_from
+from agent.series import Observation, labels_from
 
 __all__ = ["Gpu", "GpuReadings", "NvmlCall", "dcgm_labels"]
 
@@ -125,13 +125,13 @@ class GpuReadings:
             if all(hasattr(nvml, a) for a in args)
         ]
 
-    def poll(self, gpu: Gpu, now_ms: int, *, xids: bool) -> list[Sample]:
+    def poll(self, gpu: Gpu, now_ms: int, *, xids: bool) -> list[Observation]:
         """One GPU's series; a reading NVML refuses is left out (``call`` reports it)."""
-        out: list[Sample] = []
+        out: list[Observation] = []
 
         def put(metric: str, value: float, extra: dict[str, str] | None = None) -> None:
             labels = {**gpu.labels, **extra} if extra else gpu.labels
-            out.append(Sample(labels_from(metric, labels), float(value), now_ms))
+            out.append(Observation(labels_from(metric, labels), float(value), now_ms))
 
         nvml = self._nvml
         mem = None

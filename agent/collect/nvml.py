@@ -43,7 +43,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from agent.collect.dcgm import Gpu, GpuReadings, dcgm_labels
-from agent.series import Sample, labels_from
+from agent.series import Observation, labels_from
 
 __all__ = ["NvmlSource"]
 
@@ -156,14 +156,14 @@ class NvmlSource:
             self._log.info("nvml_started", gpus=len(self._gpus), driver=driver)
             return True
 
-    def poll(self, now_ms: int) -> list[Sample]:
+    def poll(self, now_ms: int) -> list[Observation]:
         """Read every GPU once. Never raises; failures become self-metrics."""
         with self._lock:
             readings = self._readings
             if not self._available or readings is None:
-                return [Sample(labels_from("sre_agent_nvml_up"), 0.0, now_ms)]
+                return [Observation(labels_from("sre_agent_nvml_up"), 0.0, now_ms)]
             started = time.perf_counter()
-            out: list[Sample] = []
+            out: list[Observation] = []
             try:
                 self._drain_events()
                 for gpu in self._gpus:
@@ -172,18 +172,18 @@ class NvmlSource:
                             out.extend(readings.poll(gpu, now_ms, xids=self._event_set is not None))
                         except _Lost:
                             self._mark_lost(gpu)
-                    out.append(Sample(labels_from("sre_agent_gpu_lost", gpu.labels), float(gpu.lost), now_ms))
+                    out.append(Observation(labels_from("sre_agent_gpu_lost", gpu.labels), float(gpu.lost), now_ms))
             except Exception as exc:  # a bug here must cost one poll, never the daemon
                 self._count("poll", exc)
                 if type(exc).__name__ not in self._logged_failures:
                     self._logged_failures.add(type(exc).__name__)
                     self._log.exception("nvml_poll_failed")
-            out.append(Sample(labels_from("sre_agent_nvml_up"), 1.0, now_ms))
+            out.append(Observation(labels_from("sre_agent_nvml_up"), 1.0, now_ms))
             for (key, error), n in sorted(self._errors.items()):
                 labels = {"field": key, "error": error}
-                out.append(Sample(labels_from("sre_agent_nvml_errors_total", labels), float(n), now_ms))
+                out.append(Observation(labels_from("sre_agent_nvml_errors_total", labels), float(n), now_ms))
             elapsed = time.perf_counter() - started
-            out.append(Sample(labels_from("sre_agent_nvml_poll_duration_seconds"), elapsed, now_ms))
+            out.append(Observation(labels_from("sre_agent_nvml_poll_duration_seconds"), elapsed, now_ms))
             return out
 
     def shutdown(self) -> None:

@@ -14,7 +14,7 @@ from apscheduler.triggers.cron import CronTrigger
 from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from agent.config.types import ConfigModel, Duration, check_url, format_duration, resolve_secret
-from agent.matchers import Matcher, parse_matchers
+from agent.matchers import AlertMatcher, parse_matchers
 
 __all__ = [
     "ActionConfig",
@@ -61,7 +61,7 @@ class _Matching(ConfigModel):
     @classmethod
     def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
         for name, rx in v.items():
-            Matcher(name, "=~", rx)  # Go's regexp syntax, as Alertmanager reads it; ValueError says why
+            AlertMatcher(name, "=~", rx)  # Go's regexp syntax, as Alertmanager reads it; ValueError says why
         return v
 
 

@@ -4,7 +4,7 @@ promql-parser's nodes are Rust objects: each attribute read crosses into Rust, d
 come back as ``timedelta``, operators as opaque tokens. A rule is parsed once and
 evaluated every interval, so :func:`agent.promql.syntax.parse` translates the tree into
 these small frozen dataclasses up front: durations in integer milliseconds, operators
-as strings, label matchers as precompiled :class:`agent.store.Matcher` objects (one
+as strings, label matchers as precompiled :class:`agent.store.SeriesMatcher` objects (one
 regex compile per expression, not per evaluation), parentheses dropped. The evaluator
 dispatches on these classes.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.store import Matcher
+from agent.store import SeriesMatcher
 
 __all__ = [
     "Aggregate",
@@ -76,7 +76,7 @@ class VectorSel(Node):
     selectors in one expression share one store lookup per evaluation."""
 
     name: str | None
-    matchers: tuple[Matcher, ...]
+    matchers: tuple[SeriesMatcher, ...]
     offset_ms: int
     at: At | None
     key: tuple[tuple[str, str, str], ...]

@@ -42,7 +42,7 @@ from agent.promql.nodes import VectorSel
 from agent.promql.rangefuncs import Extent, change
 from agent.promql.values import Vec, drop_name
 from agent.series import METRIC_NAME, Labels, is_stale, labels_get
-from agent.store import Matcher, Series, Store
+from agent.store import Series, SeriesMatcher, Store
 
 __all__ = ["Selection", "SelectionCache", "Window", "extents", "instant", "select", "windows"]
 
@@ -85,7 +85,7 @@ class Selection:
         self.dirty.append(dirty)
 
 
-def _matches(labels: Labels, matchers: list[Matcher]) -> bool:
+def _matches(labels: Labels, matchers: list[SeriesMatcher]) -> bool:
     """:meth:`Store.iter_series`'s test for the matchers on other labels than the name."""
     d = dict(labels)
     return all(m.matches(d.get(m.name, "")) for m in matchers)

@@ -44,7 +44,7 @@ from agent.promql.nodes import (
 )
 from agent.promql.rangefuncs import RANGE_FUNCTIONS
 from agent.series import METRIC_NAME
-from agent.store import Matcher
+from agent.store import SeriesMatcher
 
 __all__ = ["ENGINE_FUNCTIONS", "metric_names", "parse"]
 
@@ -153,7 +153,7 @@ def _selector(node: Any) -> VectorSel:
         raw.append((METRIC_NAME, "=", node.name))
     raw += [(m.name, _MATCH_OPS[str(m.op)], m.value) for m in node.matchers.matchers]
     try:
-        matchers = tuple(Matcher(n, op, to_python(v) if op in ("=~", "!~") else v) for n, op, v in raw)
+        matchers = tuple(SeriesMatcher(n, op, to_python(v) if op in ("=~", "!~") else v) for n, op, v in raw)
     except StoreError as exc:
         bad = next(f"{n}{op}{v!r}" for n, op, v in raw if op in ("=~", "!~") and not _compiles(v))
         raise PromQLError(f"invalid regular expression in matcher {bad}: {exc.__cause__ or exc}") from exc

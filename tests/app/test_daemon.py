@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.app.daemon import Agent, keep_list
 from agent.config import Config
 from agent.simulate.server import Fleet, FleetConfig
-from agent.store import Matcher
+from agent.store import SeriesMatcher
 from tests.alertmanager import eventually
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.prometheus import Prometheus
@@ -44,12 +44,12 @@ async def test_collect_once_scrapes_fleet_and_gpus(fleet: Fleet) -> None:
     try:
         assert [t["health"] for t in agent.targets_json()] == ["up", "up", "up"]
         st = agent.store
-        assert len(list(st.iter_series([Matcher("__name__", "=", "vllm:num_requests_running")]))) == 2
-        assert list(st.iter_series([Matcher("__name__", "=", "lmdeploy:num_requests_waiting")]))
-        fb = list(st.iter_series([Matcher("__name__", "=", "DCGM_FI_DEV_FB_USED")]))
+        assert len(list(st.iter_series([SeriesMatcher("__name__", "=", "vllm:num_requests_running")]))) == 2
+        assert list(st.iter_series([SeriesMatcher("__name__", "=", "lmdeploy:num_requests_waiting")]))
+        fb = list(st.iter_series([SeriesMatcher("__name__", "=", "DCGM_FI_DEV_FB_USED")]))
         assert sorted(dict(s.labels)["gpu"] for s in fb) == ["0", "1"]
         assert {dict(s.labels)["Hostname"] for s in fb} == {"node-1"}
-        assert not list(st.iter_series([Matcher("__name__", "=", "python_gc_objects_collected_total")]))
+        assert not list(st.iter_series([SeriesMatcher("__name__", "=", "python_gc_objects_collected_total")]))
         from prometheus_client.exposition import generate_latest
 
         fams = {f.name: f for f in text_string_to_metric_families(generate_latest(agent.registry).decode())}

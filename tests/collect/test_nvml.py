@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from agent.collect.nvml import NvmlSource
-from agent.series import Sample, labels_get
+from agent.series import Observation, labels_get
 from tests import fake_pynvml as fk
 from tests.fake_pynvml import GIB, FakeGpu, FakeNvml, NVMLError, is_api_name
 
@@ -22,13 +22,13 @@ def _source(fake: FakeNvml, proc_root: Path = Path("/nonexistent"), **kwargs: ob
     return NvmlSource(nvml=fake.module, hostname="node-1", proc_root=proc_root, **kwargs)  # type: ignore[arg-type]
 
 
-def _find(samples: list[Sample], name: str, **labels: str) -> list[Sample]:
+def _find(samples: list[Observation], name: str, **labels: str) -> list[Observation]:
     return [
         s for s in samples if s.name == name and all(labels_get(s.labels, k) == v for k, v in labels.items())
     ]
 
 
-def _value(samples: list[Sample], name: str, **labels: str) -> float:
+def _value(samples: list[Observation], name: str, **labels: str) -> float:
     found = _find(samples, name, **labels)
     assert len(found) == 1, (name, labels, found)
     return found[0].value

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from agent.collect.discovery import TargetSpec, instance_of
 from agent.collect.scrape import ACCEPT_HEADER, Scraper
 from agent.series import is_stale, labels_from
-from agent.store import AppendResult, KeepList, Matcher, Store
+from agent.store import AppendResult, KeepList, SeriesMatcher, Store
 from tests.conftest import FIXTURES, Handler
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,7 +63,7 @@ async def _pair(http_server: Start, bad: Handler, **kw: float) -> tuple[Scraper,
 
 
 def _values(store: Store, name: str, **match: str) -> list[float]:
-    ms = [Matcher("__name__", "=", name), *(Matcher(k, "=", v) for k, v in match.items())]
+    ms = [SeriesMatcher("__name__", "=", name), *(SeriesMatcher(k, "=", v) for k, v in match.items())]
     return [v for s in store.iter_series(ms) for v in s.vals]
 
 
@@ -198,7 +198,7 @@ async def test_special_values_escapes_and_utf8(http_server: Start) -> None:
     sc.set_targets([_spec(url)])
     await sc.scrape_all()
     got = {dict(s.labels)["model_name"]: s.vals[0] for s in
-           sc.store.iter_series([Matcher("__name__", "=", "vllm:num_requests_waiting")])}
+           sc.store.iter_series([SeriesMatcher("__name__", "=", "vllm:num_requests_waiting")])}
     assert set(got) == {'a"b\\c\nd', "modèle-名前", "neg"}
     assert math.isnan(got['a"b\\c\nd']) and not is_stale(got['a"b\\c\nd'])
     assert got["modèle-名前"] == math.inf and got["neg"] == -math.inf
@@ -242,7 +242,7 @@ async def test_clashing_label_becomes_exported(http_server: Start) -> None:
     sc = _scraper()
     sc.set_targets([_spec(url)])
     await sc.scrape_all()
-    (s,) = sc.store.iter_series([Matcher("__name__", "=", "vllm:num_requests_waiting")])
+    (s,) = sc.store.iter_series([SeriesMatcher("__name__", "=", "vllm:num_requests_waiting")])
     assert dict(s.labels)["exported_job"] == "inner" and dict(s.labels)["job"] == "vllm"
     assert "exported_instance" not in dict(s.labels)  # empty label values are dropped
     await sc.close()
@@ -270,7 +270,7 @@ async def test_staleness_on_vanished_series_and_failed_scrape(http_server: Start
     for _ in range(3):
         await sc.scrape_all()
     by_engine = {dict(s.labels)["engine"]: list(s.vals) for s in
-                 sc.store.iter_series([Matcher("__name__", "=", "vllm:num_requests_waiting")])}
+                 sc.store.iter_series([SeriesMatcher("__name__", "=", "vllm:num_requests_waiting")])}
     assert by_engine["1"][0] == 1 and is_stale(by_engine["1"][1]) and len(by_engine["1"]) == 2
     assert by_engine["0"][:2] == [1, 2] and is_stale(by_engine["0"][2])
     await sc.close()

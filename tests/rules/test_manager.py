@@ -12,7 +12,7 @@ from agent.promql import Engine
 from agent.rules.files import load_rule_files
 from agent.rules.manager import Alert, AlertState, RuleManager
 from agent.series import is_stale, labels_from
-from agent.store import Matcher, Store
+from agent.store import SeriesMatcher, Store
 
 MIN = 60_000
 
@@ -68,11 +68,11 @@ def test_alert_labels_annotations_and_alerts_series(tmp_path: Path) -> None:
     assert dict(alert.labels) == {"alertname": "QueueLong", "instance": "a", "job": "vllm", "severity": "warning"}
     assert alert.annotations == {"summary": "Queue is long.", "description": "a has 20 waiting"}
     assert alert.state is AlertState.FIRING and alert.active_at_ms == 0
-    alerts = list(store.iter_series([Matcher("__name__", "=", "ALERTS")]))
+    alerts = list(store.iter_series([SeriesMatcher("__name__", "=", "ALERTS")]))
     by_state = {dict(s.labels)["alertstate"]: s for s in alerts}
     assert set(by_state) == {"pending", "firing"}
     assert is_stale(by_state["pending"].vals[-1]) and by_state["firing"].vals[-1] == 1.0
-    (for_state,) = store.iter_series([Matcher("__name__", "=", "ALERTS_FOR_STATE")])
+    (for_state,) = store.iter_series([SeriesMatcher("__name__", "=", "ALERTS_FOR_STATE")])
     assert list(for_state.vals) == [0.0] * 5
 
 
@@ -129,7 +129,7 @@ def test_recording_output_goes_stale_when_input_vanishes(tmp_path: Path) -> None
     store.append(labels_from("queue", {"i": "a"}), 0, 1.0)
     mgr.eval_all(0)
     mgr.eval_all(10 * MIN)  # beyond the 5m lookback: queue is gone
-    (s,) = store.iter_series([Matcher("__name__", "=", "q2")])
+    (s,) = store.iter_series([SeriesMatcher("__name__", "=", "q2")])
     assert s.vals[0] == 2.0 and is_stale(s.vals[-1])
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from agent.diagnose.oom.evidence import EngineConfig
 from agent.series import METRIC_NAME, Labels, labels_get
-from agent.store import Matcher, Store
+from agent.store import SeriesMatcher, Store
 
 __all__ = ["HISTORY_MS", "OomContext", "context_from_store", "effective_context"]
 
@@ -61,15 +61,16 @@ def context_from_store(store: Store, instance: str, now_ms: int, *, gpu: str | N
     ``Hostname``/``hostname`` label (or their exporter's ``instance`` host); a store that holds
     one host's GPUs only (the agent's own NVML poller) matches as a whole. Of several GPUs the
     one closest to full is taken, unless ``gpu`` (index or UUID) names one."""
-    start, at = now_ms - HISTORY_MS, Matcher("instance", "=", instance)
-    info = store.select([Matcher(METRIC_NAME, "=", "vllm:cache_config_info"), at], start, now_ms)
+    start, at = now_ms - HISTORY_MS, SeriesMatcher("instance", "=", instance)
+    info = store.select([SeriesMatcher(METRIC_NAME, "=", "vllm:cache_config_info"), at], start, now_ms)
     labels = dict(max(info, key=lambda v: v.ts[-1]).labels) if info else {}
     swap = _f(labels.get("swap_space_bytes"))  # V0 only: V1 has no CPU swap blocks
-    model = next((name for s in store.iter_series([Matcher(METRIC_NAME, "=~", "vllm:.*"), at])
+    model = next((name for s in store.iter_series([SeriesMatcher(METRIC_NAME, "=~", "vllm:.*"), at])
                   if (name := labels_get(s.labels, "model_name"))), None)
     host = instance.rsplit(":", 1)[0].strip("[]")
-    used = store.select([Matcher(METRIC_NAME, "=", "DCGM_FI_DEV_FB_USED")], start, now_ms)
-    free = {_rest(v.labels): v for v in store.select([Matcher(METRIC_NAME, "=", "DCGM_FI_DEV_FB_FREE")], start, now_ms)}
+    used = store.select([SeriesMatcher(METRIC_NAME, "=", "DCGM_FI_DEV_FB_USED")], start, now_ms)
+    free_series = store.select([SeriesMatcher(METRIC_NAME, "=", "DCGM_FI_DEV_FB_FREE")], start, now_ms)
+    free = {_rest(v.labels): v for v in free_series}
     cands = [v for v in used if _host(v.labels) == host] or (used if len({_host(v.labels) for v in used}) == 1 else [])
     best: tuple[float, list[tuple[int, int, int]], Labels] = (-1.0, [], ())
     for v in cands:
