@@ -27,7 +27,6 @@ from agent.act.queues import QueueName
 from agent.act.routing import Router
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink, registry
-from agent.act.sinks.registry import SinkContext
 from agent.act.state import StateDB
 from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
@@ -41,7 +40,7 @@ log = structlog.get_logger(__name__)
 def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
                 stream: TextIO | None = None) -> dict[QueueName, Sink]:
     """One sink per outbox queue (:mod:`agent.act.queues`), Slack's message refs on the writer thread."""
-    return registry.build_sinks(config, SinkContext(session, WriterRefs(db), stream))
+    return registry.build_sinks(config, registry.SinkContext(session, WriterRefs(db), stream))
 
 
 @dataclass(frozen=True)
