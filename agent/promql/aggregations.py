@@ -3,8 +3,9 @@
 
 A rule like ``sum by (model_name) (rate(...))`` runs this over every series each
 interval, so the grouping key (which is also the output label set) is built straight
-from the sorted label tuple, memoised per label set across evaluations (a rule sees the
-same label sets every interval), and each operator has its own tight loop.
+from the sorted label tuple, memoised per label set across evaluations in the engine's
+:class:`~agent.promql.values.Memos` (a rule sees the same label sets every interval),
+and each operator has its own tight loop.
 Semantics are Prometheus 2.42's: ``by`` keeps only the listed labels, ``without``
 removes them and ``__name__``; groups appear in order of first element; ``avg`` is an
 incremental mean (no overflow near the float64 limit); ``min``/``max`` skip NaN unless
@@ -22,18 +23,18 @@ from agent.gocompat.fmt import format_float
 from agent.gocompat.math import int64_ok
 from agent.promql.nodes import Aggregate
 from agent.promql.rangefuncs import quantile
-from agent.promql.values import Memo, Vec, group_key_fn, group_keys
+from agent.promql.values import Memo, Memos, Vec, group_key_fn
 from agent.series import Labels, is_label_name
 
 __all__ = ["aggregate"]
 
 
-def aggregate(node: Aggregate, vec: Vec, param: float | str | None) -> Vec:
+def aggregate(node: Aggregate, vec: Vec, param: float | str | None, memos: Memos) -> Vec:
     op = node.op
     if op == "count_values":
         assert isinstance(param, str)
         return _count_values(node, vec, param)
-    keys = group_keys(node.without, node.grouping)
+    keys = memos.group_keys(node.without, node.grouping)
     if op == "sum":
         sums: dict[Labels, float] = {}
         get = sums.get

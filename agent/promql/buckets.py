@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from agent.gocompat.math import div, parse_float
-from agent.promql.values import Memo, Vec, check_unique, group_keys
+from agent.promql.values import Memos, Vec, check_unique
 from agent.series import Labels
 
 __all__ = ["bucket_quantile", "histogram_quantile"]
@@ -38,17 +38,15 @@ def _bucket_of(labels: Labels) -> tuple[Labels, float] | None:
     return tuple(p for p in labels if p[0] != BUCKET_LABEL), bound
 
 
-#: Label set -> (group key, bound), memoised because a rule sees the same buckets every
-#: interval; the result labels (the group key less ``__name__``) come from the shared
-#: ``group_keys(True, ())`` memo, which hits by identity since the group keys come out of
-#: this one as the same objects.
-_BUCKETS: Memo[Labels, tuple[Labels, float] | None] = Memo(_bucket_of)
-
-
-def histogram_quantile(q: float, vec: Vec) -> Vec:
+def histogram_quantile(q: float, vec: Vec, memos: Memos) -> Vec:
+    """The ``q`` quantile of each group of buckets in ``vec``. Each label set's group key
+    and bound come from the engine's memo of :func:`_bucket_of` (a rule sees the same
+    buckets every interval); the result labels (the group key less ``__name__``) from
+    its ``group_keys(True, ())`` memo, which hits by identity since the group keys come
+    out of the first as the same objects."""
     groups: dict[Labels, list[tuple[float, float]]] = {}
     get = groups.get
-    buckets_of = _BUCKETS
+    buckets_of = memos.of(_bucket_of)
     for labels, value in vec:
         found = buckets_of[labels]
         if found is None:
@@ -59,7 +57,7 @@ def histogram_quantile(q: float, vec: Vec) -> Vec:
             groups[key] = [(bound, value)]
         else:
             bucket.append((bound, value))
-    result_labels = group_keys(True, ())
+    result_labels = memos.group_keys(True, ())
     out: Vec = [(result_labels[key], bucket_quantile(q, buckets)) for key, buckets in groups.items()]
     return check_unique(out) if len(out) > 1 else out
 

@@ -17,7 +17,8 @@ What keeps it fast enough for rule evaluation over a large fleet:
   ``delta`` over a selector read only each window's ends where the selection has
   already checked its samples for NaNs and counter resets;
 * operators memoise what they derive from label sets (group keys, match signatures,
-  histogram bucket keys) across evaluations (:class:`~agent.promql.values.Memo`);
+  histogram bucket keys) across evaluations, in tables the engine owns and bounds
+  (:class:`~agent.promql.values.Memos`);
 * instant vectors are lists of ``(labels, value)`` tuples; public :class:`Sample`
   objects are built once, at the end.
 
@@ -56,7 +57,19 @@ from agent.promql.nodes import (
 from agent.promql.rangefuncs import RANGE_FUNCTIONS, Frame, RangeFunction, extrapolated
 from agent.promql.selectors import SelectionCache, Window
 from agent.promql.syntax import parse
-from agent.promql.values import Matrix, MatrixSeries, Sample, Scalar, String, Value, Vec, check_unique, drop_names
+from agent.promql.values import (
+    MEMO_LIMIT,
+    Matrix,
+    MatrixSeries,
+    Memos,
+    Sample,
+    Scalar,
+    String,
+    Value,
+    Vec,
+    check_unique,
+    drop_names,
+)
 from agent.series import Labels
 from agent.store import Store
 
@@ -70,10 +83,13 @@ class Engine:
 
     ``lookback_ms`` is Prometheus' ``--query.lookback-delta``; ``subquery_step_ms`` is
     the step of a subquery written without one (``x[1h:]``), which Prometheus takes
-    from the global evaluation interval (1 m by default).
+    from the global evaluation interval (1 m by default). ``memo_limit`` bounds the
+    entries of the engine's memo tables together (:class:`~agent.promql.values.Memos`).
     """
 
-    def __init__(self, store: Store, *, lookback_ms: int = 300_000, subquery_step_ms: int = 60_000) -> None:
+    def __init__(
+        self, store: Store, *, lookback_ms: int = 300_000, subquery_step_ms: int = 60_000, memo_limit: int = MEMO_LIMIT
+    ) -> None:
         if lookback_ms <= 0 or subquery_step_ms <= 0:
             raise PromQLError("lookback and subquery step must be positive")
         self.store = store
@@ -81,6 +97,8 @@ class Engine:
         self.subquery_step_ms = subquery_step_ms
         #: Each selector's matched series and per-series state, kept across evaluations.
         self.selections = SelectionCache(store)
+        #: What operators derive from label sets, kept across evaluations, bounded.
+        self.memos = Memos(memo_limit)
         self._parsed: dict[str, Expr] = {}
 
     def _expr(self, expr: Expr | str) -> Expr:
@@ -125,8 +143,8 @@ class Engine:
 
 
 class _Evaluation:
-    """State of one query: the query's start/end (for ``@ start()``/``end()``) and the
-    series each selector matched, looked up once."""
+    """State of one query: the query's start/end (for ``@ start()``/``end()``), and the
+    engine's selections and memos, which the operators are handed."""
 
     def __init__(self, engine: Engine, start_ms: int, end_ms: int) -> None:
         self.lookback = engine.lookback_ms
@@ -134,6 +152,7 @@ class _Evaluation:
         self.start = start_ms
         self.end = end_ms
         self._selections = engine.selections
+        self._memos = engine.memos
         self._dispatch: dict[type[Node], Callable[[Any, int], Any]] = {
             NumberLit: lambda n, t: n.value,
             StringLit: lambda n, t: n.value,
@@ -218,11 +237,11 @@ class _Evaluation:
             return vector_scalar_binop(node.op, rhs, lhs, True, node.return_bool)
         if right_scalar:
             return vector_scalar_binop(node.op, lhs, rhs, False, node.return_bool)
-        return vector_binop(node, lhs, rhs)
+        return vector_binop(node, lhs, rhs, self._memos)
 
     def _aggregate(self, node: Aggregate, ts: int) -> Vec:
         param = self.eval(node.param, ts) if node.param is not None else None
-        return aggregate(node, self.eval(node.expr, ts), param)
+        return aggregate(node, self.eval(node.expr, ts), param, self._memos)
 
     def _call(self, node: Call, ts: int) -> Any:
         name = node.func
@@ -244,7 +263,7 @@ class _Evaluation:
             if self._range_input(arg, ts)[0]:
                 return []
             return [(absent_labels(arg.sel if isinstance(arg, MatrixSel) else None), 1.0)]
-        return FUNCTIONS[name]([self.eval(a, ts) for a in node.args], ts)
+        return FUNCTIONS[name]([self.eval(a, ts) for a in node.args], ts, self._memos)
 
     def _call_range(self, node: Call, spec: RangeFunction, ts: int) -> Vec:
         param = math.nan

@@ -1,8 +1,10 @@
 """PromQL functions over instant vectors and scalars (Prometheus 2.42 semantics).
 
 Each entry of :data:`FUNCTIONS` takes the already evaluated arguments (an instant
-vector as ``list[(labels, value)]``, a scalar as ``float``, a string as ``str``) and the
-evaluation time in ms, and returns a vector or a float. Functions that need the
+vector as ``list[(labels, value)]``, a scalar as ``float``, a string as ``str``), the
+evaluation time in ms and the engine's :class:`~agent.promql.values.Memos` (where
+``histogram_quantile`` keeps its bucket keys and ``label_replace`` its compiled
+regexps), and returns a vector or a float. Functions that need the
 unevaluated argument (``absent``, ``timestamp``) or a range vector live in the engine
 and in :mod:`agent.promql.rangefuncs`.
 
@@ -16,7 +18,6 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from agent.errors import PromQLError
@@ -24,12 +25,12 @@ from agent.gocompat.math import UNARY, div, floor, fmax, fmin, int64_ok
 from agent.gocompat.regex import expand, to_python
 from agent.promql.buckets import histogram_quantile
 from agent.promql.nodes import VectorSel
-from agent.promql.values import Vec, check_unique, drop_names
+from agent.promql.values import Memos, Vec, check_unique, drop_names
 from agent.series import METRIC_NAME, Labels, is_label_name
 
 __all__ = ["FUNCTIONS", "InstantFn", "absent_labels", "trunc_div"]
 
-InstantFn = Callable[[list[Any], int], "Vec | float"]
+InstantFn = Callable[[list[Any], int, Memos], "Vec | float"]
 
 
 def trunc_div(a: int, b: int) -> int:
@@ -41,30 +42,30 @@ def trunc_div(a: int, b: int) -> int:
 def _unary(name: str) -> InstantFn:
     fn = UNARY[name]
 
-    def apply(args: list[Any], ts: int) -> Vec:
+    def apply(args: list[Any], ts: int, memos: Memos) -> Vec:
         return drop_names((labels, fn(v)) for labels, v in args[0])
 
     return apply
 
 
-def _round(args: list[Any], ts: int) -> Vec:
+def _round(args: list[Any], ts: int, memos: Memos) -> Vec:
     to_nearest = args[1] if len(args) > 1 else 1.0
     inverse = 1.0 / to_nearest if to_nearest else math.copysign(math.inf, to_nearest)
     return drop_names((labels, div(floor(v * inverse + 0.5), inverse)) for labels, v in args[0])
 
 
-def _clamp(args: list[Any], ts: int) -> Vec:
+def _clamp(args: list[Any], ts: int, memos: Memos) -> Vec:
     vec, low, high = args
     if high < low:
         return []
     return drop_names((labels, fmax(low, fmin(high, v))) for labels, v in vec)
 
 
-def _clamp_max(args: list[Any], ts: int) -> Vec:
+def _clamp_max(args: list[Any], ts: int, memos: Memos) -> Vec:
     return drop_names((labels, fmin(args[1], v)) for labels, v in args[0])
 
 
-def _clamp_min(args: list[Any], ts: int) -> Vec:
+def _clamp_min(args: list[Any], ts: int, memos: Memos) -> Vec:
     return drop_names((labels, fmax(args[1], v)) for labels, v in args[0])
 
 
@@ -77,17 +78,17 @@ def _set_label(labels: Labels, name: str, value: str) -> Labels:
     return tuple(rest)
 
 
-@lru_cache(maxsize=256)
 def _regex(text: str) -> re.Pattern[str]:
+    """``label_replace``'s regexp, compiled once per engine (memoised in its memos)."""
     try:
         return re.compile(to_python(text))
     except re.error as exc:
         raise PromQLError(f"invalid regular expression in label_replace(): {text}") from exc
 
 
-def _label_replace(args: list[Any], ts: int) -> Vec:
+def _label_replace(args: list[Any], ts: int, memos: Memos) -> Vec:
     vec, dst, repl, src, regex = args
-    pattern = _regex(regex)
+    pattern = memos.of(_regex)[regex]
     if not is_label_name(dst):
         raise PromQLError(f"invalid destination label name in label_replace(): {dst}")
     out: Vec = []
@@ -98,7 +99,7 @@ def _label_replace(args: list[Any], ts: int) -> Vec:
     return check_unique(out)
 
 
-def _label_join(args: list[Any], ts: int) -> Vec:
+def _label_join(args: list[Any], ts: int, memos: Memos) -> Vec:
     vec, dst, sep, *srcs = args
     for src in srcs:
         if not is_label_name(src):
@@ -112,29 +113,29 @@ def _label_join(args: list[Any], ts: int) -> Vec:
     return check_unique(out)
 
 
-def _vector(args: list[Any], ts: int) -> Vec:
+def _vector(args: list[Any], ts: int, memos: Memos) -> Vec:
     return [((), args[0])]
 
 
-def _scalar(args: list[Any], ts: int) -> float:
+def _scalar(args: list[Any], ts: int, memos: Memos) -> float:
     vec: Vec = args[0]
     return vec[0][1] if len(vec) == 1 else math.nan
 
 
-def _time(args: list[Any], ts: int) -> float:
+def _time(args: list[Any], ts: int, memos: Memos) -> float:
     return ts / 1000
 
 
-def _pi(args: list[Any], ts: int) -> float:
+def _pi(args: list[Any], ts: int, memos: Memos) -> float:
     return math.pi
 
 
-def _sort(args: list[Any], ts: int) -> Vec:
+def _sort(args: list[Any], ts: int, memos: Memos) -> Vec:
     """Ascending, NaN last."""
     return sorted(args[0], key=lambda s: (math.isnan(s[1]), s[1]))
 
 
-def _sort_desc(args: list[Any], ts: int) -> Vec:
+def _sort_desc(args: list[Any], ts: int, memos: Memos) -> Vec:
     """Descending, NaN last."""
     return sorted(args[0], key=lambda s: (math.isnan(s[1]), -s[1]))
 
@@ -192,7 +193,7 @@ def _civil(seconds: float) -> _Civil:
 
 
 def _date(part: Callable[[_Civil], int]) -> InstantFn:
-    def apply(args: list[Any], ts: int) -> Vec:
+    def apply(args: list[Any], ts: int, memos: Memos) -> Vec:
         if not args:
             return [((), float(part(_civil(trunc_div(ts, 1000)))))]
         return drop_names((labels, float(part(_civil(v)))) for labels, v in args[0])
@@ -200,8 +201,8 @@ def _date(part: Callable[[_Civil], int]) -> InstantFn:
     return apply
 
 
-def _histogram_quantile(args: list[Any], ts: int) -> Vec:
-    return histogram_quantile(args[0], args[1])
+def _histogram_quantile(args: list[Any], ts: int, memos: Memos) -> Vec:
+    return histogram_quantile(args[0], args[1], memos)
 
 
 def absent_labels(sel: VectorSel | None) -> Labels:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from agent.errors import PromQLError
 from agent.gocompat.math import div, mod, pow_
 from agent.promql.nodes import Binary
-from agent.promql.values import Vec, drop_name, drop_names, group_keys
+from agent.promql.values import Memos, Vec, drop_name, drop_names
 from agent.series import METRIC_NAME, Labels
 
 __all__ = ["ARITHMETIC", "COMPARISON", "scalar_binop", "vector_binop", "vector_scalar_binop"]
@@ -73,18 +73,19 @@ def vector_scalar_binop(op: str, vec: Vec, scalar: float, scalar_left: bool, ret
     return drop_names(pairs) if op in _DROPS_NAME else pairs
 
 
-def _signature(node: Binary) -> Callable[[Labels], Labels]:
-    """The memoised match signature of an operand's label set: ``on(...)`` keeps the
-    listed labels, ``ignoring(...)`` (or neither) drops them and ``__name__``."""
-    return group_keys(not node.on, node.labels).__getitem__
+def _signature(node: Binary, memos: Memos) -> Callable[[Labels], Labels]:
+    """The match signature of an operand's label set, memoised in the engine's
+    ``memos``: ``on(...)`` keeps the listed labels, ``ignoring(...)`` (or neither) drops
+    them and ``__name__``."""
+    return memos.group_keys(not node.on, node.labels).__getitem__
 
 
 def _fmt(labels: Labels) -> str:
     return "{" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in labels) + "}"
 
 
-def vector_binop(node: Binary, lhs: Vec, rhs: Vec) -> Vec:
-    sig = _signature(node)
+def vector_binop(node: Binary, lhs: Vec, rhs: Vec, memos: Memos) -> Vec:
+    sig = _signature(node, memos)
     op = node.op
     if op == "and":
         if not lhs or not rhs:

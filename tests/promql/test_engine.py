@@ -7,6 +7,7 @@ rules`` on the same input.
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from agent.promql import Engine, MatrixSeries, Sample, Scalar, String, metric_na
 from agent.promql.notation import parse_series_line
 from agent.series import STALE_NAN, labels_from
 from agent.store import Store
+from tests.conftest import REPO
 
 S = 1000
 M = 60 * S
@@ -376,3 +378,77 @@ def test_appended_stale_marker_from_the_store() -> None:
     assert one(engine.instant("up", 5 * S)) == 1
     assert engine.instant("up", 10 * S) == []
     assert math.isnan(STALE_NAN)
+
+
+#: Queries that memoise label work: grouping, matching, histogram buckets, label_replace.
+MEMO_QUERIES = (
+    "sum by (job) (x)",
+    "max without (i) (x)",
+    "x / on(i) y",
+    "x * ignoring(job) group_left y",
+    "x and on(i) y",
+    "histogram_quantile(0.9, sum by (le, job) (h_bucket))",
+    "histogram_quantile(0.5, h_bucket)",
+    "label_replace(x, 'k', '$1', 'i', '(.)')",
+)
+
+
+def _memo_store(n: int) -> Store:
+    """``n`` series each of x and y, and ``n`` histograms of three buckets, at t=0."""
+    store = Store(10**12)
+    for i in range(n):
+        store.append(labels_from("x", {"i": str(i), "job": f"j{i % 4}"}), 0, float(i))
+        store.append(labels_from("y", {"i": str(i)}), 0, 2.0)
+        for le, count in (("0.5", 1.0), ("1", 3.0), ("+Inf", 4.0 + i)):
+            store.append(labels_from("h_bucket", {"i": str(i), "job": f"j{i % 4}", "le": le}), 0, count)
+    return store
+
+
+def _sorted(result: object) -> list[tuple[tuple[tuple[str, str], ...], float]]:
+    assert isinstance(result, list)
+    return sorted((s.labels, s.value) for s in result)
+
+
+def test_engines_do_not_share_memo_entries() -> None:
+    """Each engine memoises in its own tables: one engine's evaluation leaves another's empty."""
+    store = _memo_store(20)
+    first, second = Engine(store), Engine(store)
+    for q in MEMO_QUERIES:
+        first.instant(q, 0)
+    assert len(first.memos) > 0
+    assert len(second.memos) == 0
+    assert first.memos is not second.memos
+    assert second.memos.group_keys(False, ("job",)) is not first.memos.group_keys(False, ("job",))
+
+
+def test_memo_stays_within_its_bound_over_churning_label_sets() -> None:
+    """However many distinct label sets an engine sees over time, its memo holds at most ``memo_limit`` entries."""
+    store = Store(10**12)
+    engine = Engine(store, lookback_ms=S // 2, memo_limit=100)  # each instance seen once
+    for t in range(0, 60 * S, S):  # a new instance every second: 60 × 20 distinct label sets
+        for k in range(20):
+            store.append(labels_from("x", {"i": f"{t}-{k}", "job": str(k % 3)}), t, 1.0)
+        assert one(engine.instant("count(sum by (i) (x))", t)) == 20
+        assert sum(values(engine.instant("sum by (job) (x)", t)).values()) == 20
+        assert len(engine.memos) <= engine.memos.size <= 100
+
+
+def test_results_do_not_change_when_the_memo_is_evicted_mid_way() -> None:
+    """An engine whose memo empties many times inside one operator returns what a fresh, roomy engine returns."""
+    store = _memo_store(50)
+    tiny = Engine(store, memo_limit=7)
+    for q in MEMO_QUERIES:
+        want = _sorted(Engine(store).instant(q, 0))
+        assert want, q
+        assert _sorted(tiny.instant(q, 0)) == want, q
+        assert _sorted(tiny.instant(q, 0)) == want, q  # and again, on the refilled memo
+        assert len(tiny.memos) <= 7
+
+
+def test_promql_has_no_process_wide_cache() -> None:
+    """No function in agent/promql is wrapped in a functools cache: memo tables belong to an engine."""
+    for path in sorted((REPO / "agent" / "promql").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                names = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
+                assert not names & {"cache", "lru_cache", "functools.cache", "functools.lru_cache"}, (path, node.name)
