@@ -12,6 +12,7 @@ import copy
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -88,19 +89,25 @@ def test_agent_and_promtool_agree_on_shifted_tests(path: Path, tmp_path: Path) -
     variants = _variants(doc)
     alert_groups = [g for g in variants["tests"] if "alert_rule_test" in g]
     expr_groups = [g for g in variants["tests"] if "promql_expr_test" in g]
-    # promtool names the failing group only for alert tests, so those run batched in one file
-    # and each expression variant runs in a file of its own.
-    batch = tmp_path / "alerts.yaml"
-    batch.write_text(yaml.safe_dump({**variants, "tests": alert_groups}, sort_keys=False))
-    ours = set(run_test_file(batch).failed_groups)
-    _, theirs = _promtool_failed_groups(batch)
+    # promtool names the failing group only for alert tests, so those run batched (in two files, one
+    # promtool each) and each expression variant runs in a file of its own. The promtool runs go two
+    # at a time in threads (each waits on its process) while the agent checks the same files here.
+    halves = [alert_groups[::2], alert_groups[1::2]]
+    batches = []
+    for i, half in enumerate(h for h in halves if h):
+        batches.append(tmp_path / f"alerts{i}.yaml")
+        batches[-1].write_text(yaml.safe_dump({**variants, "tests": half}, sort_keys=False))
+    singles = {}
     for g in expr_groups:
-        single = tmp_path / f"{g['name']}.yaml"
-        single.write_text(yaml.safe_dump({**variants, "tests": [g]}, sort_keys=False))
-        if not run_test_file(single).ok:
-            ours.add(g["name"])
-        if _promtool_failed_groups(single)[0] != 0:
-            theirs.add(g["name"])
+        singles[g["name"]] = tmp_path / f"{g['name']}.yaml"
+        singles[g["name"]].write_text(yaml.safe_dump({**variants, "tests": [g]}, sort_keys=False))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        promtool_batches = [pool.submit(_promtool_failed_groups, b) for b in batches]
+        promtool_singles = {name: pool.submit(_promtool_failed_groups, f) for name, f in singles.items()}
+        ours = {name for b in batches for name in run_test_file(b).failed_groups}
+        ours |= {name for name, f in singles.items() if not run_test_file(f).ok}
+        theirs = {name for job in promtool_batches for name in job.result()[1]}
+        theirs |= {name for name, job in promtool_singles.items() if job.result()[0] != 0}
     assert ours == theirs, f"only the agent failed: {sorted(ours - theirs)}; only promtool: {sorted(theirs - ours)}"
     assert theirs, "no variant failed: the shifts did not exercise any boundary"
     assert len(theirs) < len(variants["tests"]), "every variant failed: the shifts are too coarse to compare"
