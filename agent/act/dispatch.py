@@ -111,9 +111,6 @@ class Dispatcher:
         self._groups: dict[tuple[str, str], _AggGroup] = {}
         self._am_sent: dict[tuple[str, str], tuple[int, bool]] = {}  # (receiver, fingerprint) -> (ms, as resolved)
 
-    def set_diagnose_hook(self, hook: DiagnoseHook) -> None:
-        self._diagnose = hook
-
     # -- input: one rule group's evaluation ---------------------------------------------
     def observe(self, group: str, events: Iterable[AlertEvent], alerts: Iterable[Alert], *,
                 interval_s: float, now_ms: int) -> None:
