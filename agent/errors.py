@@ -12,6 +12,7 @@ with ``raise ... from exc`` so the cause is never lost.
     ├── ExpositionError        malformed Prometheus text / OpenMetrics input (names the line)
     ├── ScrapeError            one target could not be scraped (down, timeout, too big, bad type)
     ├── NvmlError              the GPU source failed (library missing, GPU lost, ...)
+    ├── RegexError             a pattern Go's RE2 refuses (also a ValueError; names the matcher)
     ├── StoreError             a store query or write was invalid
     ├── PromQLError            a PromQL expression failed to parse or evaluate
     │   └── UnsupportedError   valid PromQL outside the engine's subset (names the construct)
@@ -33,6 +34,7 @@ __all__ = [
     "ExpositionError",
     "NvmlError",
     "PromQLError",
+    "RegexError",
     "RuleError",
     "ScrapeError",
     "SimulatorError",
@@ -74,6 +76,13 @@ class ScrapeError(AgentError):
 
 class NvmlError(AgentError):
     """NVML failed as a whole (not a single unsupported field, which is skipped)."""
+
+
+class RegexError(AgentError, ValueError):
+    """A regular expression RE2 (Go's ``regexp``) refuses: back-references, look-around, a repeat
+    count over 1000. The message names the matcher or function it came from. It is also a
+    ``ValueError`` because matchers are config and API values: pydantic reports it under the
+    key, the HTTP API answers 400 and the CLI exits 2, as for any other bad value."""
 
 
 class StoreError(AgentError):

@@ -8,26 +8,27 @@ bare, and in either form ``\\"``, ``\\\\`` and ``\\n`` are escapes (any other ba
 literal); :func:`parse_matchers` also takes Alertmanager's comma-separated list form
 (``{a="b", c=~"d"}``), which is how a route's ``matchers:`` entries are read.
 
-Regular expressions are Go's RE2 dialect, anchored at both ends (``^(?:re)$``); an
-unset label matches as ``""``. :func:`_go_regex` rewrites the places where Python's
-``re`` reads the same text differently (``(?i)`` in mid-pattern, ``$`` before a final
-newline, ``\\d``/``\\w``/``\\s`` beyond ASCII, ``\\z``, ``[[:alpha:]]``, ``{,n}``) and
-rejects what RE2 has not got (look-around, back-references, possessive quantifiers),
-so a pattern means here what it means in Alertmanager. ``\\pL``-style classes and
-other RE2-only escapes are not translated: Python rejects them, loudly.
+Regular expressions are Go's RE2, on Google's RE2 library
+(:mod:`agent.gocompat.regex`), anchored at both ends by text as Alertmanager does
+(``^(?:re)$``); an unset label matches as ``""``. So a pattern means here what it
+means in Alertmanager, what RE2 refuses (look-around, back-references, repeat counts
+over 1000) is refused here naming the matcher, and no pattern can make a match take
+more than linear time: a silence posted to the API cannot stall the event loop.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from agent.gocompat.regex import match_anchored
 
 __all__ = ["AlertMatcher", "matchers_from", "matches_all", "parse_matcher", "parse_matchers"]
 
-# Alertmanager's own pattern; Go's \s is [\t\n\f\r ] and its $ is the end of the text.
-_MATCHER_RE = re.compile(r"[\t\n\f\r ]*([a-zA-Z_:][a-zA-Z0-9_:]*)[\t\n\f\r ]*(=~|=|!=|!~)[\t\n\f\r ]*(.*?)[\t\n\f\r ]*",
-                         re.DOTALL)
+# Alertmanager's own pattern up to the operator (Go's \s is [\t\n\f\r ]); its "\s*(.*?)\s*$" tail is a strip
+# here, since Python's re would take quadratic time over a long run of blanks in text from the API.
+_MATCHER_HEAD_RE = re.compile(r"[\t\n\f\r ]*([a-zA-Z_:][a-zA-Z0-9_:]*)[\t\n\f\r ]*(=~|=|!=|!~)")
 _GO_SPACE = "\t\n\f\r "
 _OPS = ("=", "!=", "=~", "!~")
 
@@ -40,17 +41,14 @@ class AlertMatcher:
     name: str
     op: str
     value: str
-    _rx: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    _rx: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
             raise ValueError(f"unknown matcher operator {self.op!r} (use =, !=, =~ or !~)")
         if self.op in ("=~", "!~"):
-            try:
-                # fullmatch anchors at both ends like Go's ^(?:re)$ (Python's $ would also match before a final \n)
-                object.__setattr__(self, "_rx", re.compile(_go_regex(self.value)))
-            except (re.error, ValueError) as exc:
-                raise ValueError(f"{self.name}{self.op}: not a regular expression: {self.value!r} ({exc})") from exc
+            # RegexError (a ValueError) names the matcher: config validation, the API and the CLI report it as such
+            object.__setattr__(self, "_rx", match_anchored(self.value, what=f"{self.name}{self.op}"))
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether ``labels`` satisfy this matcher (a missing label is ``""``)."""
@@ -60,7 +58,7 @@ class AlertMatcher:
         if self.op == "!=":
             return v != self.value
         assert self._rx is not None
-        hit = self._rx.fullmatch(v) is not None
+        hit = self._rx(v)
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:
@@ -68,144 +66,14 @@ class AlertMatcher:
         return f'{self.name}{self.op}"{escaped}"'
 
 
-_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": "\\t\\n\\f\\r "}
-_POSIX_CLASSES = {
-    "alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\\x00-\\x7f", "blank": "\\t ", "cntrl": "\\x00-\\x1f\\x7f",
-    "digit": "0-9", "graph": "!-~", "lower": "a-z", "print": " -~", "punct": "!-/:-@\\[-`{-~",
-    "space": "\\t\\n\\v\\f\\r ", "upper": "A-Z", "word": "0-9A-Za-z_", "xdigit": "0-9A-Fa-f",
-}
-_FLAGS_RE = re.compile(r"\(\?([imsU]*(?:-[imsU]*)?)([:)])")
-_EMPTY_MIN_REPEAT_RE = re.compile(r"\{,[0-9]*\}")
-_REPEAT_RE = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")
-
-
-@dataclass
-class _Group:
-    multiline: bool
-    opener: str = ""  # for a mid-group "(?i)": the Python group standing in for it (it closes with its enclosing group)
-
-
-def _go_regex(rx: str) -> str:
-    """Go RE2 pattern -> an equivalent Python pattern for ``fullmatch``; ``ValueError`` if RE2 lacks a construct."""
-    out: list[str] = []
-    groups = [_Group(multiline=False)]
-    i, quantified = 0, False  # quantified: the previous token was a repetition (so a "+" would be possessive)
-    while i < len(rx):
-        c = rx[i]
-        was_quantified, quantified = quantified, False
-        if c == "\\":
-            nxt = rx[i + 1: i + 2]
-            if nxt and nxt.lower() in _ASCII_CLASSES:
-                out.append(("[^" if nxt.isupper() else "[") + _ASCII_CLASSES[nxt.lower()] + "]")
-            elif nxt == "z":
-                out.append(r"\Z")
-            elif nxt and nxt in "123456789":
-                raise ValueError(f"back-references (\\{nxt}) are not RE2 syntax")
-            else:
-                out.append(c + nxt)
-            i += 2
-        elif c == "[":
-            i = _char_class(rx, i, out)
-        elif c == "(":
-            i = _open_group(rx, i, out, groups)
-        elif c in ")|":
-            # "(?i)" flags hold across "|" to the end of the enclosing group: close and reopen their Python groups.
-            virtual = []
-            while len(groups) > 1 and groups[-1].opener:
-                virtual.append(groups.pop())
-                out.append(")")
-            if c == ")" and len(groups) > 1:
-                groups.pop()
-            out.append(c)
-            if c == "|":
-                for g in reversed(virtual):
-                    groups.append(g)
-                    out.append(g.opener)
-            i += 1
-        elif c == "$":
-            out.append("$" if groups[-1].multiline else r"\Z")
-            i += 1
-        elif c == "{" and (m := _EMPTY_MIN_REPEAT_RE.match(rx, i)):
-            out.append("\\" + m.group())  # RE2 reads {,n} literally; Python 3.11 as {0,n}
-            i = m.end()
-        elif c in "*+?" or (c == "{" and _REPEAT_RE.match(rx, i)):
-            if c == "+" and was_quantified:
-                raise ValueError("possessive quantifiers (a++, a*+) are not RE2 syntax")
-            m = _REPEAT_RE.match(rx, i) if c == "{" else None
-            token = m.group() if m else c
-            out.append(token)
-            quantified = True
-            i += len(token)
-        else:
-            out.append(c)
-            i += 1
-    out.extend(")" for g in groups if g.opener)
-    return "".join(out)
-
-
-def _open_group(rx: str, i: int, out: list[str], groups: list[_Group]) -> int:
-    """Translate the group opening at ``rx[i]`` (``(``, ``(?:``, ``(?P<n>``, ``(?flags)``, ``(?flags:``)."""
-    if not rx.startswith("(?", i) or rx.startswith("(?P<", i):
-        opener = "(?P<" if rx.startswith("(?P<", i) else "("
-        groups.append(_Group(groups[-1].multiline))
-        out.append(opener)
-        return i + len(opener)
-    m = _FLAGS_RE.match(rx, i)
-    if m is None:
-        raise ValueError(f"{rx[i:i + 4]!r}...: look-around, atomic and conditional groups are not RE2 syntax")
-    on, _, off = m.group(1).partition("-")
-    multiline = ("m" in on) or (groups[-1].multiline and "m" not in off)
-    on, off = on.replace("U", ""), off.replace("U", "")  # ungreedy changes no match/no-match answer
-    opener = f"(?{on}{'-' + off if off else ''}:" if on or off else "(?:"
-    out.append(opener)
-    groups.append(_Group(multiline, opener if m.group(2) == ")" else ""))
-    return m.end()
-
-
-def _char_class(rx: str, i: int, out: list[str]) -> int:
-    """Translate the bracket expression starting at ``rx[i] == "["``; return the index after it."""
-    out.append("[")
-    i += 1
-    if rx.startswith("^", i):
-        out.append("^")
-        i += 1
-    first = True
-    while i < len(rx):
-        c = rx[i]
-        if c == "]" and not first:
-            out.append("]")
-            return i + 1
-        first = False
-        if c == "\\":
-            nxt = rx[i + 1: i + 2]
-            out.append(_ASCII_CLASSES.get(nxt, c + nxt))
-            i += 2
-        elif c == "[" and rx.startswith("[:", i):
-            end = rx.find(":]", i + 2)
-            name = rx[i + 2: end] if end > 0 else ""
-            if name.startswith("^"):
-                raise ValueError(f"negated POSIX class [:{name}:] is not supported")
-            if name not in _POSIX_CLASSES:
-                raise ValueError(f"unknown POSIX class [:{name}:]")
-            out.append(_POSIX_CLASSES[name])
-            i = end + 2
-        elif c in "[&~|]":  # "]" here is the first character, a literal
-            out.append("\\" + c)  # literal in RE2; Python reserves "[", "&&", "~~", "||" for set operations
-            i += 1
-        else:
-            out.append(c)
-            i += 1
-    raise ValueError("missing closing ]")
-
-
 def parse_matcher(text: str) -> AlertMatcher:
     """Parse one matcher; ``ValueError`` says what is wrong with it."""
-    m = _MATCHER_RE.fullmatch(text)
+    m = _MATCHER_HEAD_RE.match(text)
     if m is None:
         raise ValueError(f"bad matcher {text!r}: expected name=\"value\", name!=\"value\", "
                          "name=~\"regex\" or name!~\"regex\"")
-    name, op, raw = m.groups()
-    return AlertMatcher(name, op, _unquote(raw, text))
+    name, op = m.groups()
+    return AlertMatcher(name, op, _unquote(text[m.end():].strip(_GO_SPACE), text))
 
 
 def _unquote(raw: str, text: str) -> str:

@@ -18,14 +18,14 @@ value is rejected ("duplicate"), the same value again is accepted silently.
 from __future__ import annotations
 
 import math
-import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
-from agent.errors import StoreError
+from agent.errors import RegexError, StoreError
+from agent.gocompat.regex import match_anchored
 from agent.series import METRIC_NAME, STALE_NAN, Labels, is_stale
 
 __all__ = [
@@ -110,22 +110,23 @@ class SeriesView:
 
 @dataclass(frozen=True, slots=True)
 class SeriesMatcher:
-    """A PromQL label matcher that selects series from the store (``{job=~"vllm.*"}``). Regexes are
-    fully anchored, as in Prometheus. Alert routing and silences use :class:`agent.matchers.AlertMatcher`."""
+    """A PromQL label matcher that selects series from the store (``{job=~"vllm.*"}``). A regex is Go's
+    RE2, anchored as Prometheus anchors it (``^(?:re)$``), and matches in linear time whatever the label
+    value. Alert routing and silences use :class:`agent.matchers.AlertMatcher`."""
 
     name: str
     op: str
     value: str
-    _regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    _regex: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.op not in ("=", "!=", "=~", "!~"):
             raise StoreError(f"unknown matcher operator {self.op!r}")
         if self.op in ("=~", "!~"):
             try:
-                compiled = re.compile(f"(?:{self.value})\\Z", re.DOTALL)
-            except re.error as exc:
-                raise StoreError(f"bad regex in matcher {self.name}{self.op}{self.value!r}: {exc}") from exc
+                compiled = match_anchored(self.value, what=f"matcher {self.name}{self.op}")
+            except RegexError as exc:
+                raise StoreError(str(exc)) from exc
             object.__setattr__(self, "_regex", compiled)
 
     def matches(self, value: str) -> bool:
@@ -134,7 +135,7 @@ class SeriesMatcher:
         if self.op == "!=":
             return value != self.value
         assert self._regex is not None
-        hit = self._regex.match(value) is not None
+        hit = self._regex(value)
         return hit if self.op == "=~" else not hit
 
 

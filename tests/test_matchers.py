@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.errors import RegexError
 from agent.matchers import AlertMatcher, matchers_from, matches_all, parse_matcher, parse_matchers
 
 AMTOOL = shutil.which("amtool")
@@ -156,11 +157,31 @@ def test_matches(text: str, labels: dict[str, str], hit: bool) -> None:
 
 
 @pytest.mark.parametrize("rx", ["a++", "a*+", "a{2}+", "(?=a)a", "(?!a)b", "(?<=a)b", "(a)\\1", "(?>a)",
-                                "[[:^alpha:]]"])
+                                "a{1001}", "\\Cx", "(?<n>x)"])
 def test_rejects_what_re2_lacks(rx: str) -> None:
-    """Python-only regex syntax is refused, as Alertmanager refuses it, instead of meaning something else."""
-    with pytest.raises(ValueError):
+    """Syntax Go's RE2 lacks (Python-only, or C++-RE2-only as \\C and (?<n>)) is refused, naming the matcher."""
+    with pytest.raises(RegexError, match=r"^a=~: not a regular expression in RE2 syntax: "):
         AlertMatcher("a", "=~", rx)
+
+
+def test_negated_posix_class_is_re2() -> None:
+    """``[[:^alpha:]]`` is RE2 syntax (a negated POSIX class) and means what it means in Go."""
+    m = AlertMatcher("a", "=~", "[[:^alpha:]]+")
+    assert m.matches({"a": "12-"}) and not m.matches({"a": "1a"})
+
+
+@pytest.mark.parametrize(("rx", "hit", "miss"), [
+    ("vllm-0", "vllm-0", "vllm-00"),  # a literal: string equality
+    ("a|b|", "", "ab"),  # literal alternatives: a set, the empty one included
+    ("a.b|c", "axb", "a\nb"),  # not literal: RE2
+    ("x\\.y", "x.y", "xzy"),
+    ("(?i)abc", "ABC", "ab"),
+])
+def test_fast_paths_answer_as_re2(rx: str, hit: str, miss: str) -> None:
+    """The literal and literal-set fast paths, and the memoised RE2 path, give RE2's answer."""
+    m = AlertMatcher("a", "=~", rx)
+    assert m.matches({"a": hit}) and not m.matches({"a": miss})
+    assert m.matches({"a": hit}) and not m.matches({"a": miss})  # the memo answers the same the second time
 
 
 # -- differential: amtool --------------------------------------------------------------------------
@@ -203,6 +224,17 @@ DIFF_CASES: list[tuple[str, list[dict[str, str]]]] = [
     ('a=~"\\\\s"', [{"a": "\u00a0"}, {"a": "\t"}]),
     ('a=~"[\\\\d.]+"', [{"a": "1.5"}]),
     ('a=~"[[:alpha:]]+"', [{"a": "abc"}, {"a": "ab1"}]),
+    ('a=~"[[:^alpha:]]+"', [{"a": "12"}, {"a": "ab1"}]),
+    ('a=~"\\\\pL+"', [{"a": "\u00e9t\u00e9"}, {"a": "1"}]),
+    ('a=~"\\\\p{Greek}"', [{"a": "\u03b1"}, {"a": "a"}]),
+    ('a=~"\\\\Qa.b\\\\E"', [{"a": "a.b"}, {"a": "axb"}]),
+    ('a=~"\\\\Cx"', [{"a": "xx"}]),
+    ('a=~"(?<n>x)"', [{"a": "x"}]),
+    ('a=~"(?P<n>x)"', [{"a": "x"}]),
+    ('a=~"x{1000}"', [{"a": "x" * 1000}]),
+    ('a=~"x{1001}"', [{}]),
+    ('a=~"a)|(b"', [{"a": "ab"}, {"a": "xb"}, {"a": "ax"}, {"a": "a"}]),  # anchored by text: ^(?:a)|(b)$
+    ('a=~"(a+)+$"', [{"a": "a" * 5000 + "b"}, {"a": "a" * 5000}]),
     ('a=~"[]a]+"', [{"a": "]a"}]),
     ('a=~"a{,2}"', [{"a": "a{,2}"}, {"a": "aa"}]),
     ('a=~"a{2}"', [{"a": "aa"}]),

@@ -67,11 +67,21 @@ def test_select_by_matchers_and_time_range() -> None:
 
 
 def test_bad_matchers_are_store_errors() -> None:
-    """An invalid regex or operator is a StoreError, not a crash."""
-    with pytest.raises(StoreError, match="bad regex"):
+    """An invalid regex (RE2's refusals included) or operator is a StoreError naming the matcher, not a crash."""
+    with pytest.raises(StoreError, match=r"^matcher a=~: not a regular expression"):
         SeriesMatcher("a", "=~", "(")
+    with pytest.raises(StoreError, match=r"^matcher a!~: not a regular expression in RE2 syntax: '\(x\)\\\\1'"):
+        SeriesMatcher("a", "!~", "(x)\\1")  # a back-reference: Python's re has them, RE2 does not
     with pytest.raises(StoreError, match="operator"):
         SeriesMatcher("a", "<", "1")
+
+
+def test_regex_matchers_are_go_re2() -> None:
+    """=~ reads Go's RE2: ``.`` stops at a newline, ``$`` is the end of the text, ``\\pL`` is a class."""
+    assert not SeriesMatcher("a", "=~", "x.y").matches("x\ny")
+    assert not SeriesMatcher("a", "=~", "x$").matches("x\n")
+    assert SeriesMatcher("a", "=~", "\\pL+").matches("\u00e9t\u00e9")
+    assert SeriesMatcher("a", "!~", "[[:digit:]]+").matches("12a")
 
 
 def test_gc_applies_retention_and_drops_empty_series() -> None:

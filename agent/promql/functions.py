@@ -15,14 +15,13 @@ functions drop it; ``sort``, ``label_replace`` and ``label_join`` keep it.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import PromQLError
+from agent.errors import PromQLError, RegexError
 from agent.gocompat.math import UNARY, div, floor, fmax, fmin, int64_ok
-from agent.gocompat.regex import expand, to_python
+from agent.gocompat.regex import Regexp, compile_anchored, expand
 from agent.promql.buckets import histogram_quantile
 from agent.promql.nodes import VectorSel
 from agent.promql.values import Memos, Vec, check_unique, drop_names
@@ -78,11 +77,11 @@ def _set_label(labels: Labels, name: str, value: str) -> Labels:
     return tuple(rest)
 
 
-def _regex(text: str) -> re.Pattern[str]:
-    """``label_replace``'s regexp, compiled once per engine (memoised in its memos)."""
+def _regex(text: str) -> Regexp:
+    """``label_replace``'s regexp, ``^(?:regex)$`` in RE2 as in Prometheus, compiled once per engine."""
     try:
-        return re.compile(to_python(text))
-    except re.error as exc:
+        return compile_anchored(text, what="label_replace()")
+    except RegexError as exc:
         raise PromQLError(f"invalid regular expression in label_replace(): {text}") from exc
 
 
@@ -94,7 +93,7 @@ def _label_replace(args: list[Any], ts: int, memos: Memos) -> Vec:
     out: Vec = []
     for labels, v in vec:
         value = next((lv for ln, lv in labels if ln == src), "")
-        m = pattern.fullmatch(value)
+        m = pattern.search(value)
         out.append((labels if m is None else _set_label(labels, dst, expand(repl, m)), v))
     return check_unique(out)
 

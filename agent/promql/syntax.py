@@ -25,7 +25,6 @@ from typing import Any
 import promql_parser as pp
 
 from agent.errors import PromQLError, StoreError, UnsupportedError
-from agent.gocompat.regex import to_python
 from agent.promql.compat import newer_syntax
 from agent.promql.functions import FUNCTIONS
 from agent.promql.nodes import (
@@ -153,19 +152,10 @@ def _selector(node: Any) -> VectorSel:
         raw.append((METRIC_NAME, "=", node.name))
     raw += [(m.name, _MATCH_OPS[str(m.op)], m.value) for m in node.matchers.matchers]
     try:
-        matchers = tuple(SeriesMatcher(n, op, to_python(v) if op in ("=~", "!~") else v) for n, op, v in raw)
+        matchers = tuple(SeriesMatcher(n, op, v) for n, op, v in raw)
     except StoreError as exc:
-        bad = next(f"{n}{op}{v!r}" for n, op, v in raw if op in ("=~", "!~") and not _compiles(v))
-        raise PromQLError(f"invalid regular expression in matcher {bad}: {exc.__cause__ or exc}") from exc
+        raise PromQLError(str(exc)) from exc
     return VectorSel(node.name, matchers, _ms(node.offset), _at(node), tuple(raw))
-
-
-def _compiles(pattern: str) -> bool:
-    try:
-        re.compile(to_python(pattern))
-    except re.error:
-        return False
-    return True
 
 
 def _compile(node: Any) -> Node:

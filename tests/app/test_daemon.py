@@ -238,6 +238,8 @@ async def test_incidents_silences_and_act_metrics_are_served(fleet: Fleet, tmp_p
                     silence_id = (await r.json())["data"]["silenceID"]
                 async with http.post(f"{base}/api/v1/silences", json={"matchers": ["nonsense"]}) as r:
                     bad = (r.status, (await r.json())["error"])
+                async with http.post(f"{base}/api/v1/silences", json={"matchers": ['job=~"(a)\\\\1"']}) as r:
+                    not_re2 = (r.status, (await r.json())["error"])  # a back-reference: RE2 refuses it
                 async with http.get(f"{base}/api/v1/silences") as r:
                     listed = (await r.json())["data"]["silences"]
                 async with http.get(f"{base}/metrics") as r:
@@ -253,6 +255,7 @@ async def test_incidents_silences_and_act_metrics_are_served(fleet: Fleet, tmp_p
     assert kinds[:2] == ["fired", "notified"]
     assert "[FIRING:1] AlwaysOn" in out.read_text(encoding="utf-8")
     assert bad[0] == 400 and "matcher" in bad[1]
+    assert not_re2 == (400, "job=~: not a regular expression in RE2 syntax: '(a)\\\\1' (invalid escape sequence: \\1)")
     assert [s["id"] for s in listed] == [silence_id]
     assert 'sre_agent_notifications_sent_total{receiver="console"} 1.0' in metrics
     assert 'sre_agent_outbox_depth{receiver="console"} 0.0' in metrics

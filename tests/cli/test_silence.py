@@ -63,13 +63,15 @@ def test_silence_add_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(("args", "reason"), [
     (["alertname"], "bad matcher"),
     (['instance=~"("'], "not a regular expression"),
+    (['instance=~"(a)\\\\1"'], "error: instance=~: not a regular expression in RE2 syntax: '(a)\\\\1'"),
+    (['instance=~"(?<=a)b"'], "instance=~: not a regular expression in RE2 syntax"),
     (['instance=~".*"'], "empty string"),
     (['a="1"', "--duration", "forever"], "not a duration"),
     (['a="1"', "--start", "yesterday"], "--start"),
 ])
 def test_silence_add_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                        reason: str) -> None:
-    """A bad matcher, duration or start time exits 2 with the reason and stores nothing."""
+    """A bad matcher (one RE2 refuses too), duration or start time exits 2 with the reason and stores nothing."""
     db = tmp_path / "s.db"
     rc, out, err = run(capsys, "silence", "add", *args, "--db", str(db))
     assert rc == 2

@@ -190,3 +190,18 @@ def test_act_config_errors_name_the_key(tmp_path: Path) -> None:
     assert "receivers[0].slack: token: secrets are not accepted inline" in text
     assert "route.routes[0].matchers" in text
     assert "scaling.services[0]: min_replicas (5) > max_replicas (2)" in text
+
+
+def test_regex_re2_refuses_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    """A route regex RE2 refuses (look-around, back-reference) fails validation naming the key and the matcher."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(
+        "receivers: [{name: s, webhook: {url: 'http://127.0.0.1:9/'}}]\n"
+        "route: {receiver: s, routes: [{receiver: s, matchers: ['job=~\"(?!x).*\"'],\n"
+        "                               match_re: {instance: '(a)\\1'}}]}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    text = "\n".join(err.value.errors)
+    assert "route.routes[0].matchers" in text and "job=~: not a regular expression in RE2 syntax" in text
+    assert "route.routes[0].match_re" in text and "instance=~: not a regular expression in RE2 syntax" in text

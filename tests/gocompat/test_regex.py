@@ -1,12 +1,21 @@
-"""Go's ``Regexp.Expand``, the replacement syntax ``label_replace`` and ``reReplaceAll`` share."""
+"""Go's regexps on RE2: compiling as Go does, refusing what Go refuses, linear time on hostile
+input, and ``Regexp.Expand``, the replacement syntax ``label_replace`` and ``reReplaceAll`` share."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from agent.gocompat.regex import expand
+from agent.errors import RegexError
+from agent.gocompat.regex import compile_anchored, compile_go, expand, match_anchored
+from tests.conftest import REPO
 
 _ADDR = re.compile(r"(?P<host>[^:]+):(\d+)")
 
@@ -58,3 +67,92 @@ def test_group_that_did_not_take_part_is_empty() -> None:
     m = re.fullmatch(r"(a)|(b)", "b")
     assert m is not None
     assert expand("[$1][$2]", m) == "[][b]"
+
+
+def test_expand_works_on_re2_matches() -> None:
+    """``expand`` reads an RE2 match (what label_replace hands it) as it reads an ``re`` one."""
+    m = compile_anchored("(?P<host>[^:]+):(\\d+)").search("db-1:9100")
+    assert m is not None
+    assert expand("${host}/$2/$3", m) == "db-1/9100/"
+
+
+def test_anchoring_is_by_text_as_in_prometheus() -> None:
+    """``^(?:p)$`` is built by text, so ``a)|(b`` means ``^(?:a)|(b)$`` there and here."""
+    test = match_anchored("a)|(b")
+    assert test("ax") and test("xb") and not test("x")
+
+
+@pytest.mark.parametrize(("pattern", "reason"), [
+    ("(a)\\1", "invalid escape sequence"),
+    ("a{1001}", "invalid repetition size"),
+    ("(?=a)", "invalid perl operator"),
+    ("(?<n>a)", "(?<"),
+    ("\\C", "\\C"),
+    ("(", "missing )"),
+])
+def test_refusal_names_what_and_why(pattern: str, reason: str) -> None:
+    """A pattern Go's RE2 refuses raises RegexError with the caller's name for it, the pattern and RE2's reason."""
+    with pytest.raises(RegexError) as info:
+        compile_go(pattern, what="matcher job=~")
+    assert str(info.value).startswith("matcher job=~: not a regular expression in RE2 syntax: ")
+    assert repr(pattern) in str(info.value) and reason in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("pattern", ["\\Q\\C(?<\\E", "[(?<]", "\\(?<", "x\\\\C"])
+def test_go_only_checks_skip_literal_text(pattern: str) -> None:
+    """``\\C`` and ``(?<`` are refused only where Go reads them as syntax, not inside ``\\Q...\\E`` or a class."""
+    compile_go(pattern)
+
+
+@pytest.mark.parametrize("pattern", ["[\\C]", "[]\\Ca]"])
+def test_go_refuses_backslash_c_in_a_class_too(pattern: str) -> None:
+    """An escape inside a bracket class is still an escape in Go, so ``[\\C]`` is refused too."""
+    with pytest.raises(RegexError, match="C"):
+        compile_go(pattern)
+
+
+_PIECES = st.sampled_from(["a", "b", "ab", "-", ".*", ".+", "|", "x.y", "\\.", "(?i)a"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(pattern=st.lists(_PIECES, max_size=5).map("".join), value=st.text(alphabet="abAB-.\nxy", max_size=8))
+def test_fast_paths_agree_with_re2(pattern: str, value: str) -> None:
+    """Whatever shortcut ``match_anchored`` takes (literal, set, ``.*``, prefix, suffix, contains), RE2 agrees."""
+    assert match_anchored(pattern)(value) is (compile_anchored(pattern).search(value) is not None)
+
+
+#: Patterns that make a backtracking engine take exponential (or high polynomial) time on a
+#: long value that almost matches; each is tried against 10,000-character label values.
+PATHOLOGICAL = ["(a+)+$", "(a|a)*b", "(.*a){20}", "(a*)*b", "(\\w+\\s?)+$", "(x+x+)+y"]
+
+_CHILD = """
+import json, sys, time
+from agent.store import SeriesMatcher
+from agent.matchers import AlertMatcher
+from agent.gocompat.regex import compile_anchored
+from agent.rules.template.funcs import FUNCS
+patterns = json.loads(sys.argv[1])
+values = ["a" * 10_000, "a" * 9_999 + "!", "x" * 10_000, "a" * 5_000 + "\\n" + "a" * 4_999]
+out = {}
+for p in patterns:
+    t0 = time.perf_counter()
+    sm, am, rx = SeriesMatcher("v", "=~", p), AlertMatcher("v", "=~", p), compile_anchored(p)
+    for v in values:
+        sm.matches(v); am.matches({"v": v}); rx.search(v); FUNCS["match"]([p, v])
+    out[p] = time.perf_counter() - t0
+print(json.dumps(out))
+"""
+
+
+def test_nested_quantifiers_on_long_values_finish() -> None:
+    """Nested-quantifier patterns against 10,000-character values finish at once in every matcher
+    (series, alert/silence, label_replace, template ``match``): RE2 is linear, backtracking would not end."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(PATHOLOGICAL)], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    seconds = json.loads(proc.stdout)
+    assert set(seconds) == set(PATHOLOGICAL)
+    slow = {p: t for p, t in seconds.items() if t > 5.0}  # generous: RE2 takes milliseconds
+    assert not slow

@@ -36,6 +36,9 @@ BAD = {
     "bad-for": ("- alert: A\n        expr: x\n        for: soon", "not a duration"),
     "bad-label": ("- alert: A\n        expr: x\n        labels: {'bad-name': x}", "invalid label name"),
     "unknown-key": ("- alert: A\n        expr: x\n        severity: page", "unknown field 'severity'"),
+    # a back-reference is refused by the parser's own check; a repeat over 1000 by RE2, naming the matcher
+    "re2-matcher": ("- alert: A\n        expr: x{job=~'(a)\\\\1'}", "illegal regex for (a)\\1"),
+    "re2-repeat": ("- record: a\n        expr: x{job!~'a{1001}'}", "matcher job!~: not a regular expression in RE2"),
     "template": ("- alert: A\n        expr: x\n        annotations: {d: '{{ $value | nosuchfunc }}'}", "nosuchfunc"),
 }
 

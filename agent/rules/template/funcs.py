@@ -8,28 +8,26 @@ gives each function's arity and the static types it accepts, so the parser rejec
 ``humanize $labels`` or ``gt $value 1`` when the rule file loads instead of at the first alert.
 ``and``/``or`` are in the signatures only: they short-circuit, so the renderer runs them itself.
 
-Regexps (``match``, ``reReplaceAll``) run on Python's ``re`` in ASCII mode after refusing the
-syntax RE2 lacks or reads differently (look-around, back-references, POSIX classes, possessive
-repeats); ``$`` also matches before a final newline there, which label values do not have.
+Regexps (``match``, ``reReplaceAll``) are Go's, unanchored as in Prometheus, on RE2
+(:func:`agent.gocompat.regex.compile_go`): the same syntax and answers, in linear time over
+whatever label value an alert carries.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from agent.errors import TemplateError
+from agent.errors import RegexError, TemplateError
 from agent.gocompat.fmt import format_float, quote, sprintf
-from agent.gocompat.regex import expand
+from agent.gocompat.regex import Regexp, compile_go, expand
 from agent.rules.template.values import MAP, ROOT, Value, go_type, truth
 
 __all__ = ["FUNCS", "SIGNATURES", "go_regexp"]
 
 _FLOAT_SYNTAX = re.compile(r"[+-]?(?:inf(?:inity)?|(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)|nan", re.I)
-_NOT_RE2 = re.compile(r"\(\?(?:[=!#>(<]|P=)|\[\[:|[*+?}]\+")
 
 
 def _to_float(v: Value) -> float:
@@ -155,23 +153,12 @@ def _strip_port(s: str) -> str:
     return s if ":" in host or "[" in s or "]" in s else host
 
 
-@functools.lru_cache(maxsize=256)
-def go_regexp(pattern: str) -> re.Pattern[str]:
-    """A Go (RE2) regexp on Python's re, refusing syntax the two read differently."""
-
-    def escape(m: re.Match[str]) -> str:
-        if m.group(1) in "123456789Z":
-            raise TemplateError(f"regexp {pattern!r}: \\{m.group(1)} is not RE2 syntax")
-        return r"\Z" if m.group(1) == "z" else m.group(0)
-
-    translated = re.sub(r"\\(.)", escape, pattern, flags=re.S)
-    if _NOT_RE2.search(re.sub(r"\\.", "_", pattern, flags=re.S)):
-        raise TemplateError(f"regexp {pattern!r}: look-around, back-references, POSIX classes and possessive "
-                            "repeats are outside RE2 or read differently by Python")
+def go_regexp(pattern: str) -> Regexp:
+    """A Go regexp (``regexp.MustCompile``, unanchored), in RE2 as in Prometheus' template functions."""
     try:
-        return re.compile(translated, re.ASCII)
-    except re.error as exc:
-        raise TemplateError(f"regexp {pattern!r}: {exc}") from exc
+        return compile_go(pattern, what="regexp")
+    except RegexError as exc:
+        raise TemplateError(str(exc)) from exc
 
 
 def _re_replace_all(pattern: str, repl: str, text: str) -> str:

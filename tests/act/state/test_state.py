@@ -379,6 +379,7 @@ def test_expire_silence(db: StateDB) -> None:
 @pytest.mark.parametrize(("matchers", "reason"), [
     (["alertname"], "bad matcher"),
     (['instance=~"("'], "not a regular expression"),
+    (['instance=~"x{1001}"'], r"^instance=~: not a regular expression in RE2 syntax: 'x\{1001\}'"),
     ([], "at least one matcher"),
     (['instance=~".*"'], "empty string"),
 ])
