@@ -89,6 +89,7 @@ def test_anchoring_is_by_text_as_in_prometheus() -> None:
     ("(?<n>a)", "(?<"),
     ("\\C", "\\C"),
     ("(", "missing )"),
+    ("a\ud800", "not valid UTF-8"),
 ])
 def test_refusal_names_what_and_why(pattern: str, reason: str) -> None:
     """A pattern Go's RE2 refuses raises RegexError with the caller's name for it, the pattern and RE2's reason."""
