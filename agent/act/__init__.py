@@ -6,12 +6,21 @@ database, restores alert state into the rule manager, and from then on takes eac
 rule group's evaluation (:meth:`ActLayer.observe`) and runs the dispatch tick.
 Receivers are keyed by their outbox queue name (:mod:`agent.act.queues`) and built by the
 sink registry (:mod:`agent.act.sinks.registry`).
+
+Why state work is *held* when a write fails: a full disk or an I/O error must not lose the
+firing event that was evaluated while it lasted. Each evaluation and finding is state work that
+either commits as a whole (:meth:`~agent.act.dispatch.Dispatcher.apply`) or leaves no trace; one
+that fails stays in a FIFO in memory and is applied again, in order and before any new work,
+at the next evaluation or dispatch round, so its notification goes out once the disk is back.
+Meanwhile :attr:`ActLayer.state_problem` makes ``/readyz`` and ``/api/v1/status`` say degraded
+and ``sre_agent_state_write_failures_total`` counts the failures (``SREAgentStateWritesFailing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -30,9 +39,10 @@ from agent.act.sinks import Sink, registry
 from agent.act.state import StateDB
 from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
+from agent.errors import StateError
 from agent.rules.manager import AlertEvent, Group, RuleManager
 
-__all__ = ["ActCollector", "ActLayer", "ActViews", "WriterRefs", "build_sinks"]
+__all__ = ["ActCollector", "ActLayer", "ActViews", "StateHealth", "WriterRefs", "build_sinks"]
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +61,25 @@ class ActViews:
     outbox_depth: dict[str, int] = field(default_factory=dict)
     desired_replicas: dict[str, int] = field(default_factory=dict)
     silences_active: int = 0
+
+
+@dataclass(frozen=True)
+class _Held:
+    """State work whose write failed, kept in memory until it commits (see the module docstring)."""
+
+    what: str  # "evaluation" or "finding", for logs
+    group: str | None  # set for an evaluation without events: the group's next evaluation supersedes it
+    run: Callable[[int], None]  # the work, given the time it runs at
+
+
+@dataclass
+class StateHealth:
+    """How the state database's writes are going, for /readyz, /api/v1/status and /metrics."""
+
+    write_failures: int = 0
+    last_error: str = ""
+    failing_since_ms: int = 0
+    held: int = 0  # evaluations and findings waiting in memory for a write to succeed
 
 
 class WriterRefs:
@@ -98,7 +127,10 @@ class ActLayer:
         self._session: aiohttp.ClientSession | None = None
         self.dispatcher: Dispatcher | None = None
         self.views = ActViews()
-        self._posting: set[asyncio.Task[int]] = set()
+        self._posting: set[asyncio.Task[None]] = set()
+        self._held: deque[_Held] = deque()  # only touched on the writer thread
+        self._flush_failed = False
+        self.health = StateHealth()
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
@@ -122,22 +154,97 @@ class ActLayer:
 
     async def observe(self, group: Group, events: list[AlertEvent], now_ms: int) -> None:
         """After a group's evaluation: persist its alert state, then notify and act (on the writer thread;
-        the group's next evaluation waits for this, so its alerts do not change meanwhile)."""
+        the group's next evaluation waits for this, so its alerts do not change meanwhile). A failed write
+        keeps the work in memory and retries it (see the module docstring); this never raises for it."""
         await self.db.run(self._observe, group, events, now_ms)
 
     def _observe(self, group: Group, events: list[AlertEvent], now_ms: int) -> None:
-        with self.db.transaction():
-            for key, saved in self._rules.export_group(group).items():
-                self.db.alert_states.save(key, saved, now_ms)
-        if self.dispatcher is None:
-            return
-        alerts = [a for r in group.rules for a in r.alerts.values()]
-        self.dispatcher.observe(group.spec.name, events, alerts, interval_s=group.interval_s, now_ms=now_ms)
+        saved = self._rules.export_group(group)  # now: the group's alerts change at its next evaluation
+        d = self.dispatcher
+        ev = None if d is None else d.evaluation(group.spec.name, events, [a for r in group.rules
+                                                                           for a in r.alerts.values()],
+                                                 interval_s=group.interval_s)
+
+        def run(at_ms: int) -> None:
+            with self.db.transaction():
+                for key, alerts in saved.items():
+                    self.db.alert_states.save(key, alerts, now_ms)
+            if d is not None and ev is not None:
+                d.apply(ev, now_ms=at_ms)
+
+        self._submit(_Held("evaluation", None if events else group.spec.name, run))
+
+    def _submit(self, item: _Held) -> None:
+        """Queue state work behind any held before it and run what is queued (writer thread)."""
+        if item.group is not None:  # an evaluation without events only repeats what the next one says
+            self._held = deque(h for h in self._held if h.group != item.group)
+        self._held.append(item)
+        self._run_held()
+
+    def _run_held(self) -> bool:
+        """Run the held work in order; stop at the first failed write (it stays first). True if all ran."""
+        while self._held:
+            try:
+                self._held[0].run(self.now_ms())
+            except StateError as exc:
+                self._write_failed(exc, self._held[0].what)
+                return False
+            self._held.popleft()
+            self._update_health()
+        return True
+
+    def _write_failed(self, exc: StateError, what: str) -> None:
+        h = self.health
+        h.write_failures += 1
+        if not h.failing_since_ms:
+            h.failing_since_ms = self.now_ms()
+        h.last_error = str(exc)
+        self._update_health()
+        log.error("state write failed; the work is held in memory and retried", work=what, held=h.held,
+                  error=str(exc))
+
+    def _update_health(self) -> None:
+        h = self.health
+        h.held = len(self._held)
+        if h.failing_since_ms and not self._held and not self._flush_failed:
+            log.info("state writes recovered", failures=h.write_failures,
+                     failing_for_s=(self.now_ms() - h.failing_since_ms) / 1000)
+            h.failing_since_ms = 0
+
+    @property
+    def state_problem(self) -> str | None:
+        """Why the agent is degraded (state work held in memory, flushes failing), else None."""
+        h = self.health
+        if not h.failing_since_ms:
+            return None
+        return f"state database writes failing ({h.held} held in memory): {h.last_error}"
 
     async def tick(self) -> None:
-        if self.dispatcher is not None:
-            await self.dispatcher.tick()
-        self.views = await self.db.run(self._read_views)
+        """One dispatch round: held state work first, then due aggregation groups, then delivery."""
+        d = self.dispatcher
+        if d is not None:
+            now_ms = self.now_ms()
+            await self.db.run(self._round, now_ms)
+            try:
+                await d.deliver_due(now_ms)
+            except StateError as exc:
+                log.error("outbox not read; delivery waits for the next round", error=str(exc))
+        try:
+            self.views = await self.db.run(self._read_views)
+        except StateError as exc:
+            log.error("state views not read; /metrics shows the previous ones", error=str(exc))
+
+    def _round(self, now_ms: int) -> None:
+        if self.dispatcher is None or not self._run_held():  # held work fails: new work would too
+            return
+        try:
+            self.dispatcher.flush_due(now_ms)
+        except StateError as exc:
+            self._flush_failed = True
+            self._write_failed(exc, "flush")
+            return
+        self._flush_failed = False
+        self._update_health()
 
     def _read_views(self) -> ActViews:
         now_ms = self.now_ms()
@@ -146,10 +253,15 @@ class ActLayer:
 
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
         """Queue a finding for its receivers: handed to the writer thread; :meth:`stop` waits for it."""
-        if self.dispatcher is None:
+        d = self.dispatcher
+        if d is None:
             return
-        task = asyncio.get_running_loop().create_task(
-            self.db.run(self.dispatcher.post_finding, finding, alert, now_ms=self.now_ms()))
+        at_ms = self.now_ms()  # in the notification keys: a retry is the same notification
+
+        def run(_: int) -> None:
+            d.post_finding(finding, alert, now_ms=at_ms)
+
+        task = asyncio.get_running_loop().create_task(self.db.run(self._submit, _Held("finding", None, run)))
         self._posting.add(task)
         task.add_done_callback(self._posted)
 
@@ -161,6 +273,9 @@ class ActLayer:
     async def stop(self) -> None:
         if self._posting:
             await asyncio.wait(list(self._posting), timeout=5.0)
+        if self._held and not await self.db.run(self._run_held):
+            log.error("state work lost at shutdown: the state database still refuses writes",
+                      held=len(self._held), error=self.health.last_error)
         if self.dispatcher is not None:
             await self.dispatcher.drain(timeout_s=5.0)
             for sink in self.dispatcher.sinks.values():
@@ -240,4 +355,12 @@ class ActCollector(Collector):
             desired.add_metric([service], n)
         silences = GaugeMetricFamily("sre_agent_silences_active", "Silences in effect now.")
         silences.add_metric([], views.silences_active)
-        yield from (sent, failed, retried, depth, desired, silences)
+        h = self._act.health
+        failures = CounterMetricFamily("sre_agent_state_write_failures",
+                                       "State database writes that failed (disk full, I/O error); the work is held "
+                                       "in memory and retried.")
+        failures.add_metric([], h.write_failures)
+        held = GaugeMetricFamily("sre_agent_state_held_work",
+                                 "Evaluations and findings held in memory until the state database takes them.")
+        held.add_metric([], h.held)
+        yield from (sent, failed, retried, depth, desired, silences, failures, held)

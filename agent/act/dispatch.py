@@ -52,14 +52,27 @@ from agent.act.sinks import Sink
 from agent.act.state import NflogEntry, StateDB
 from agent.config import ActionConfig, Config
 from agent.diagnose.findings import Finding
+from agent.errors import StateError
 from agent.matchers import AlertMatcher
 from agent.rules.manager import Alert, AlertEvent, AlertState
 
-__all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher"]
+__all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher", "Evaluation"]
 
 log = structlog.get_logger(__name__)
 
 DiagnoseHook = Callable[[AlertSnapshot], None]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One rule group's evaluation as the dispatcher takes it (:meth:`Dispatcher.evaluation`): its
+    events and a snapshot of its alerts, which do not change when the rule manager's do."""
+
+    group: str
+    events: tuple[AlertEvent, ...]
+    snaps: tuple[AlertSnapshot, ...]  # firing and resolved alerts, one per fingerprint
+    pending: tuple[AlertSnapshot, ...]
+    interval_s: float
 
 
 @dataclass
@@ -115,28 +128,55 @@ class Dispatcher:
     def observe(self, group: str, events: Iterable[AlertEvent], alerts: Iterable[Alert], *,
                 interval_s: float, now_ms: int) -> None:
         """Take the alerts of one rule group right after it was evaluated."""
-        events = list(events)
-        self._record_incidents(events)
+        self.apply(self.evaluation(group, events, alerts, interval_s=interval_s), now_ms=now_ms)
+
+    def evaluation(self, group: str, events: Iterable[AlertEvent], alerts: Iterable[Alert], *,
+                   interval_s: float) -> Evaluation:
+        """One group's evaluation, frozen (the rule manager's alerts change at its next evaluation),
+        so that :meth:`apply` can take it now or, after a failed write, later."""
+        frozen = tuple(replace(e, alert=replace(e.alert, annotations=dict(e.alert.annotations))) for e in events)
         snaps: dict[str, AlertSnapshot] = {}
         pending: list[AlertSnapshot] = []
         for alert in alerts:
             snap = self._snapshot(alert)
             if alert.state is AlertState.PENDING:
                 pending.append(snap)
-                continue
-            snaps[snap.fingerprint] = snap
+            else:
+                snaps[snap.fingerprint] = snap
+        return Evaluation(group, frozen, tuple(snaps.values()), tuple(pending), interval_s)
+
+    def apply(self, ev: Evaluation, *, now_ms: int) -> None:
+        """Record, queue and act on one evaluation, all or nothing: the state writes (incidents,
+        Alertmanager batches, scale decisions) commit in one transaction, and only after the commit
+        does anything change in memory (aggregation groups, the Alertmanager resend map) or leave
+        the process (the ``diagnose`` hook). A :class:`~agent.errors.StateError` (disk full, I/O
+        error) therefore leaves no trace, and applying the same evaluation again is not a duplicate."""
         to_alertmanagers: list[tuple[AlertSnapshot, set[str]]] = []
-        for snap in snaps.values():
+        grouped: list[tuple[Route, AlertSnapshot]] = []
+        for snap in ev.snaps:
             receivers: set[str] = set()
             for route in self._router.routes_for(snap.labels):
                 if self._kinds.get(route.receiver) == "alertmanager":
                     receivers.add(route.receiver)
                 else:
-                    self._insert(route, snap, now_ms)
+                    grouped.append((route, snap))
             if receivers:
                 to_alertmanagers.append((snap, receivers))
-        self._send_to_alertmanagers(to_alertmanagers, interval_s=interval_s, now_ms=now_ms)
-        self._run_actions(events, snaps.values(), pending, now_ms)
+        with self._db.transaction():
+            self._record_incidents(ev.events)
+            am_sent = self._send_to_alertmanagers(to_alertmanagers, interval_s=ev.interval_s, now_ms=now_ms)
+            diagnose = self._run_actions(ev.events, ev.snaps, ev.pending, now_ms)
+        self._am_sent = am_sent
+        for route, snap in grouped:
+            self._insert(route, snap, now_ms)
+        hook = self._diagnose
+        if hook is None:
+            return
+        for snap in diagnose:
+            try:
+                hook(snap)
+            except Exception:  # a diagnostic must never stop notifications
+                log.exception("diagnosis hook failed", alertname=snap.labels.get("alertname", ""))
 
     def _snapshot(self, alert: Alert) -> AlertSnapshot:
         labels = dict(alert.labels)
@@ -147,7 +187,7 @@ class Dispatcher:
             value=alert.value, generator_url=self._external_url,
         )
 
-    def _record_incidents(self, events: list[AlertEvent]) -> None:
+    def _record_incidents(self, events: Iterable[AlertEvent]) -> None:
         for e in events:
             labels = dict(e.alert.labels)
             fp = fingerprint(labels)
@@ -173,21 +213,32 @@ class Dispatcher:
         ag.alerts[snap.fingerprint] = snap
 
     def flush_due(self, now_ms: int) -> int:
-        """Flush every aggregation group whose timer is due; returns notifications queued."""
+        """Flush every aggregation group whose timer is due; returns notifications queued.
+
+        A group whose write fails (:class:`~agent.errors.StateError`: disk full, I/O error) stays as
+        it was, due, so the next round flushes it again; the others go on, and the first error is
+        raised at the end for the caller to count."""
         queued = 0
         due = [gid for gid, ag in self._groups.items() if ag.next_flush_ms <= now_ms]
         if not due:
             return 0
         silences = active_silences(self._db.silences.list(now_ms=now_ms), now_ms)  # read and parsed once a round
+        failed: StateError | None = None
         for gid in due:
             ag = self._groups[gid]
+            try:
+                queued += self._flush(ag, silences, now_ms)
+            except StateError as exc:
+                failed = failed or exc
+                continue
             ag.next_flush_ms = now_ms + int(ag.route.group_interval_s * 1000)
-            queued += self._flush(ag, silences, now_ms)
             for fp, snap in list(ag.alerts.items()):  # resolved ones were reported (or never will be)
                 if snap.status == "resolved":
                     del ag.alerts[fp]
             if not ag.alerts:
                 del self._groups[gid]
+        if failed is not None:
+            raise failed
         return queued
 
     def _flush(self, ag: _AggGroup, silences: list[tuple[str, tuple[AlertMatcher, ...]]], now_ms: int) -> int:
@@ -226,33 +277,35 @@ class Dispatcher:
 
     # -- Alertmanager receivers (Prometheus' notifier rules) -----------------------------------
     def _send_to_alertmanagers(self, routed: list[tuple[AlertSnapshot, set[str]]], *, interval_s: float,
-                               now_ms: int) -> None:
-        """``routed``: each alert with the Alertmanager receivers its routes reach."""
+                               now_ms: int) -> dict[tuple[str, str], tuple[int, bool]]:
+        """``routed``: each alert with the Alertmanager receivers its routes reach. Returns the resend
+        map as it is once the batches are queued (the caller keeps it once they are committed)."""
         def resend_ms(receiver: str) -> int:
             return int(self._am_resend_s[receiver] * 1000)
 
         # An entry older than its resend delay decides like a missing one: drop it, so the map
         # holds only alerts sent recently however many label sets come and go.
-        self._am_sent = {k: v for k, v in self._am_sent.items() if now_ms - v[0] <= resend_ms(k[0])}
+        am_sent = {k: v for k, v in self._am_sent.items() if now_ms - v[0] <= resend_ms(k[0])}
         batches: dict[str, list[AlertSnapshot]] = {}
         for snap, receivers in routed:
             resolved = snap.status == "resolved"
             for receiver in receivers:
                 k = (receiver, snap.fingerprint)
-                sent = self._am_sent.get(k)
+                sent = am_sent.get(k)
                 if sent is not None:  # sent within the delay
                     if not resolved:  # still (or again) firing: nothing new; a later resolve is news
-                        self._am_sent[k] = (sent[0], False)
+                        am_sent[k] = (sent[0], False)
                         continue
                     if sent[1]:
                         continue
-                self._am_sent[k] = (now_ms, resolved)
+                am_sent[k] = (now_ms, resolved)
                 valid_ms = VALIDITY_FACTOR * int(max(interval_s, self._am_resend_s[receiver]) * 1000)
                 out = snap if resolved else replace(snap, ends_at_ms=now_ms + valid_ms)
                 batches.setdefault(receiver, []).append(out)
         for receiver, alerts in batches.items():
             for i, _url in enumerate(self._am_urls[receiver]):
                 self._enqueue_am(alertmanager_queue(receiver, i), alerts, now_ms)
+        return am_sent
 
     def _enqueue_am(self, queue: QueueName, alerts: list[AlertSnapshot], now_ms: int) -> None:
         """Queue a batch for one Alertmanager, merged into a queued batch not yet in flight:
@@ -269,8 +322,11 @@ class Dispatcher:
         self._db.outbox.enqueue(n, now_ms=now_ms)
 
     # -- actions ------------------------------------------------------------------------------------
-    def _run_actions(self, events: list[AlertEvent], snaps: Iterable[AlertSnapshot], pending: list[AlertSnapshot],
-                     now_ms: int) -> None:
+    def _run_actions(self, events: Iterable[AlertEvent], snaps: Iterable[AlertSnapshot],
+                     pending: Iterable[AlertSnapshot], now_ms: int) -> list[AlertSnapshot]:
+        """Scale decisions (written now, in the caller's transaction); returns the alerts to diagnose
+        (the caller calls the hook once that transaction committed)."""
+        diagnose: list[AlertSnapshot] = []
         started = {fingerprint(dict(e.alert.labels)) for e in events if e.kind == "firing"}
         for snap in pending:  # a pending scale-out alert already means "not healthy" for scale-in
             for action in self._router.actions_for(snap.labels):
@@ -282,10 +338,8 @@ class Dispatcher:
                 if action.type in ("scale_out", "scale_in"):
                     self._scale(action, snap, now_ms, decide=True)
                 elif snap.fingerprint in started and self._diagnose is not None:
-                    try:
-                        self._diagnose(snap)
-                    except Exception:  # a diagnostic must never stop notifications
-                        log.exception("diagnosis hook failed", alertname=snap.labels.get("alertname", ""))
+                    diagnose.append(snap)
+        return diagnose
 
     def _scale(self, action: ActionConfig, snap: AlertSnapshot, now_ms: int, *, decide: bool) -> None:
         """A scale-out alert marks its service unhealthy (holding off scale-in); a firing one
@@ -343,7 +397,13 @@ class Dispatcher:
     async def tick(self) -> None:
         """One dispatch round: flush due groups, start delivering each queue whose head is due."""
         now_ms = int(self._clock() * 1000)
-        await self._db.run(self.flush_due, now_ms)
+        try:
+            await self._db.run(self.flush_due, now_ms)
+        finally:  # a failed flush delays no notification queued before it
+            await self.deliver_due(now_ms)
+
+    async def deliver_due(self, now_ms: int) -> None:
+        """Start delivering each outbox queue whose head is due (the second half of :meth:`tick`)."""
         await self._delivery.start_due(now_ms)
 
     async def drain(self, timeout_s: float = 10.0) -> None:

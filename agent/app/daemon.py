@@ -39,7 +39,7 @@ from agent.config import Config
 from agent.promql import Engine
 from agent.rules.files import GroupSpec, load_rule_files
 from agent.rules.manager import AlertEvent, Group, RuleManager
-from agent.series import Observation
+from agent.series import Observation, labels_from
 from agent.store import KeepList, RoundWriter, Store
 
 __all__ = ["Agent", "keep_list", "rule_paths"]
@@ -48,6 +48,7 @@ log = structlog.get_logger(__name__)
 
 _GC_INTERVAL_S = 60.0
 _LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
+_STATE_FAILURES = "sre_agent_state_write_failures_total"  # also on /metrics (agent.act.ActCollector)
 
 
 #: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
@@ -113,6 +114,7 @@ class Agent:
         if config.nvml.mode != "false":
             self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
+        self._self_writer = RoundWriter(self.store)
         self._nvml_started = False
         self._nvml_samples: list[Observation] = []
         self.stats = _Stats()
@@ -129,6 +131,11 @@ class Agent:
     @property
     def ready(self) -> bool:
         return self.stats.scrape_cycles > 0
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the agent runs but cannot keep its promises (state writes failing), else None."""
+        return self.act.state_problem
 
     def targets_json(self) -> list[dict[str, Any]]:
         return self.scraper.targets_json()
@@ -164,7 +171,13 @@ class Agent:
             },
             "file_sd_errors": self.file_sd.errors() if self.file_sd else {},
             "scrape_cycles": self.stats.scrape_cycles,
+            "state": self._state_json(),
         }
+
+    def _state_json(self) -> dict[str, Any]:
+        h = self.act.health
+        return {"path": self.config.state.path, "degraded": self.degraded is not None, "reason": self.degraded or "",
+                "write_failures": h.write_failures, "held": h.held}
 
     # -- jobs ------------------------------------------------------------------------
     async def scrape_cycle(self) -> None:
@@ -172,8 +185,15 @@ class Agent:
         self.scraper.set_targets(all_targets(self.config, self.file_sd, static=self._static_targets))
         await self.scraper.scrape_all()
         self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
+        self._write_self_metrics()
         self.stats.last_cycle_seconds = time.perf_counter() - t0
         self.stats.scrape_cycles += 1
+
+    def _write_self_metrics(self) -> None:
+        """The agent's own series that its bundled rules read (``rules/agent.rules.yaml``), into its store."""
+        now_ms = int(self._clock() * 1000)
+        failures = float(self.act.health.write_failures)
+        self._self_writer.write([(labels_from(_STATE_FAILURES), failures, now_ms)], now_ms)
 
     async def poll_nvml(self) -> None:
         nv = self.nvml

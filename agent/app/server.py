@@ -2,7 +2,9 @@
 
 ``/healthz`` answers 200 while the event loop runs (liveness); ``/readyz`` answers
 200 once the first scrape cycle has finished (readiness), so a Kubernetes Service
-does not route to an agent that has no data yet. JSON endpoints use Prometheus' API
+does not route to an agent that has no data yet, and 503 ``degraded: ...`` while the agent
+runs but cannot keep its promises (state database writes failing: notifications are held in
+memory only), so it never reads healthy while every dispatch round fails. JSON endpoints use Prometheus' API
 envelope ``{"status": "success", "data": ...}`` so tools that read Prometheus' API
 read ours.
 """
@@ -25,6 +27,9 @@ class AgentView(Protocol):
 
     @property
     def ready(self) -> bool: ...
+
+    @property
+    def degraded(self) -> str | None: ...
 
     def targets_json(self) -> list[dict[str, Any]]: ...
 
@@ -60,9 +65,12 @@ def build_app(agent: AgentView) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if agent.ready:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready: first scrape cycle has not finished\n")
+        if not agent.ready:
+            return web.Response(status=503, text="not ready: first scrape cycle has not finished\n")
+        problem = agent.degraded
+        if problem is not None:
+            return web.Response(status=503, text=f"degraded: {problem}\n")
+        return web.Response(text="ready\n")
 
     async def targets(_: web.Request) -> web.Response:
         return _ok({"targets": agent.targets_json()})

@@ -45,6 +45,12 @@ __all__ = ["Connection", "Table", "dumps"]
 
 log = structlog.get_logger(__name__)
 
+#: What a start-up error about a file that cannot be trusted tells the operator to do.
+_ASIDE = ("Stop sre-agent and move the file aside with its -wal and -shm files (mv {path} {path}.damaged); "
+          "sre-agent then starts with a fresh one. The outbox in the old file may hold notifications that "
+          "were never delivered: keep the copy and read them with sqlite3 {path}.damaged "
+          "'SELECT receiver, payload FROM outbox' (or .recover) before deleting it.")
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -68,6 +74,11 @@ class Connection:
                 raise StateError(f"state db {self.path}: directory {parent} does not exist")
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise StateError(f"state db {self.path}: directory {parent} is not writable")
+            if os.path.isfile(self.path) and os.path.getsize(self.path) == 0:
+                raise StateError(
+                    f"state db {self.path}: the file is empty (0 bytes), which sre-agent never writes (a disk that "
+                    f"filled up while it was created, or a truncated copy); refusing to start from nothing in its "
+                    f"place. {_ASIDE.format(path=self.path)}")
         try:
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None)
@@ -79,11 +90,16 @@ class Connection:
                 c.execute("PRAGMA journal_mode=WAL")
                 c.execute("PRAGMA synchronous=FULL")
                 c.execute("PRAGMA foreign_keys=ON")
+            self._check_integrity()
             with self.transaction(), self.guard("create schema") as c:
                 version = c.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
                     raise StateError(f"state db {self.path}: schema version {version} is newer than this "
                                      f"sre-agent's ({SCHEMA_VERSION}); upgrade sre-agent")
+                if version == 0 and c.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                    raise StateError(f"state db {self.path}: the file holds tables but no sre-agent schema version "
+                                     f"(PRAGMA user_version is 0): it is not a state database sre-agent wrote; "
+                                     f"point state.path at another file")
                 for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         c.execute(stmt)
@@ -91,6 +107,21 @@ class Connection:
         except StateError:
             self.close()
             raise
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check`` (the b-tree pages, not the index contents: milliseconds for a state
+        file): a damaged file is a start-up error, never an agent whose every dispatch round fails."""
+        with self._lock:
+            if self._conn is None:
+                raise StateError(f"state db {self.path}: integrity check: the database is closed")
+            try:
+                problems = [str(r[0]) for r in self._conn.execute("PRAGMA quick_check(5)").fetchall()]
+            except sqlite3.DatabaseError as exc:
+                raise StateError(f"state db {self.path}: the database is damaged ({exc}). "
+                                 f"{_ASIDE.format(path=self.path)}") from exc
+        if problems != ["ok"]:
+            raise StateError(f"state db {self.path}: the database is damaged (quick_check: {'; '.join(problems)}). "
+                             f"{_ASIDE.format(path=self.path)}")
 
     def close(self) -> None:
         with self._lock:
