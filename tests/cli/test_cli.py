@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.cli import main
+from tests.statefiles import damaged_state_db, empty_state_db
 
 PY = sys.executable
 
@@ -100,6 +101,24 @@ def test_run_once_bad_config_exits_2(tmp_path: Path) -> None:
     cfg.write_text("scrape: {timeout: 1m}\n")
     res = _cli("run", "--config", str(cfg), "--once")
     assert res.returncode == 2 and "timeout (1m)" in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("make", [damaged_state_db, empty_state_db], ids=["damaged", "zero-byte"])
+def test_run_once_refuses_a_state_file_it_cannot_trust(tmp_path: Path, make: Callable[[Path], Path]) -> None:
+    """run --once with a damaged or zero-byte state file exits 2 before collecting, naming the file and
+    saying to move it aside (its outbox may hold undelivered notifications); the file is left as it was."""
+    state = make(tmp_path / "state.db")
+    before = state.read_bytes()
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(json.dumps({"targets": [{"url": "http://127.0.0.1:1/metrics"}], "nvml": {"enabled": "false"},
+                               "state": {"path": str(state)}}))
+    res = _cli("run", "--once", "--config", str(cfg))
+    assert res.returncode == 2, res.stderr
+    assert res.stdout == ""
+    assert f"error: state db {state}:" in res.stderr
+    assert f"mv {state} {state}.damaged" in res.stderr and "outbox" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert state.read_bytes() == before
 
 
 def test_sigterm_shuts_down_cleanly(tmp_path: Path, simulator: list[str]) -> None:

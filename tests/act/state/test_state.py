@@ -15,6 +15,7 @@ from agent.act.notification import AlertSnapshot, Notification
 from agent.act.state import NflogEntry, ScaleState, StateDB
 from agent.errors import StateError
 from tests.conftest import REPO
+from tests.statefiles import damaged_state_db, empty_state_db, state_db_with_rows
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -268,6 +269,44 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version=99")
     conn.close()
     with pytest.raises(StateError, match="schema version 99"):
+        StateDB(path)
+
+
+def test_damaged_database_is_refused_naming_the_file_and_the_outbox(tmp_path: Path) -> None:
+    """A real state file with garbage over its middle pages fails the start-up check, naming the file,
+    saying to move it aside and that its outbox may hold undelivered notifications."""
+    path = damaged_state_db(tmp_path / "state.db")
+    with pytest.raises(StateError, match=r"state\.db.*damaged") as info:
+        StateDB(path)
+    text = str(info.value)
+    assert f"mv {path} {path}.damaged" in text and "outbox" in text and "never delivered" in text
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError) or "quick_check" in text
+
+
+def test_an_undamaged_file_with_rows_opens(tmp_path: Path) -> None:
+    """The same file, not damaged, passes the check and keeps its rows (the check reads, never repairs)."""
+    path = state_db_with_rows(tmp_path / "state.db")
+    d = StateDB(path)
+    assert len(d.outbox.pending()) == 300
+    d.close()
+
+
+def test_zero_byte_file_is_refused_not_started_fresh(tmp_path: Path) -> None:
+    """A zero-byte state file is a start-up error naming the file; it is left as it was, not made a new database."""
+    path = empty_state_db(tmp_path / "state.db")
+    with pytest.raises(StateError, match=r"state\.db.*empty \(0 bytes\)") as info:
+        StateDB(path)
+    assert "outbox" in str(info.value) and "mv " in str(info.value)
+    assert path.stat().st_size == 0
+
+
+def test_a_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
+    """An SQLite file with tables but no sre-agent schema version is refused, not mixed with ours."""
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY)")
+    conn.close()
+    with pytest.raises(StateError, match=r"other\.db.*no sre-agent schema version"):
         StateDB(path)
 
 
