@@ -189,19 +189,24 @@ class ActLayer:
             except StateError as exc:
                 self._write_failed(exc, self._held[0].what)
                 return False
+            except Exception:  # a bug, not the disk: retrying cannot help, and it must not block what follows
+                log.exception("state work failed and is dropped", work=self._held[0].what)
             self._held.popleft()
             self._update_health()
         return True
 
     def _write_failed(self, exc: StateError, what: str) -> None:
+        """Count a failed write; the first of a run of them is an error in the log, the rest debug
+        (every round retries: the counter and /readyz tell the rest)."""
         h = self.health
         h.write_failures += 1
-        if not h.failing_since_ms:
+        first = not h.failing_since_ms
+        if first:
             h.failing_since_ms = self.now_ms()
         h.last_error = str(exc)
         self._update_health()
-        log.error("state write failed; the work is held in memory and retried", work=what, held=h.held,
-                  error=str(exc))
+        (log.error if first else log.debug)("state write failed; the work is held in memory and retried",
+                                            work=what, held=h.held, error=str(exc))
 
     def _update_health(self) -> None:
         h = self.health

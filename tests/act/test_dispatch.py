@@ -32,13 +32,14 @@ from agent.act.sinks import Sink
 from agent.act.state import StateDB
 from agent.config import Config, load_config
 from agent.diagnose.findings import Finding
-from agent.errors import ConfigError
+from agent.errors import ConfigError, StateError
 from agent.rules.manager import Alert, AlertEvent, AlertState
 from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
 from tests.alertmanager import Alertmanager, eventually
 from tests.fake_slack import running_fake_slack
 from tests.receivers import Recorded, RecordingServer
+from tests.statefiles import full_disk
 
 T0 = 1_700_000_000.0  # the fake clock's start (Unix seconds)
 FAST = {"group_wait": "30s", "group_interval": "60s", "repeat_interval": "150s"}
@@ -472,6 +473,58 @@ async def test_finding_goes_into_the_alerts_slack_thread(db: StateDB, session: a
         alone = by_name[finding.kind]  # the alert-less finding is an incident of its own, opened and closed
         assert [e.kind for e in alone.events] == ["finding"] and alone.resolved_ms == alone.started_ms
         await rig.close()
+
+
+# -- 8b. state writes failing (disk full) --------------------------------------------------------------------
+async def test_a_failed_apply_leaves_no_trace_and_applying_it_again_counts_once(
+        db: StateDB, session: aiohttp.ClientSession, hooks: HookFactory) -> None:
+    """An evaluation whose commit fails records no incident, groups nothing and diagnoses nothing; applied
+    again once commits succeed it opens one incident, runs the diagnosis once and is notified once."""
+    t = [T0]
+    hook = await hooks(t)
+    cfg = make_config({"hook": webhook(hook.url())}, {"receiver": "hook", "group_by": ["alertname"], **FAST},
+                      actions=[{"type": "diagnose", "matchers": ['alertname="Q"']}])
+    diagnosed: list[AlertSnapshot] = []
+    rig = Rig(cfg, db, session, t, diagnose=diagnosed.append)
+    disk = full_disk(db)
+    events, alerts = evaluate([spec("Q", 0, instance="a")], 0, T0)
+    ev = rig.d.evaluation("g", events, alerts, interval_s=15)
+    disk.full = True
+    with pytest.raises(StateError, match="disk is full"):
+        rig.d.apply(ev, now_ms=ms(T0))
+    disk.full = False
+    assert db.incidents.list() == [] and diagnosed == []
+    assert rig.d.flush_due(ms(T0 + 3600)) == 0  # no aggregation group was made
+    rig.d.apply(ev, now_ms=ms(T0 + 5))
+    assert [(i.alertname, [e.kind for e in i.events]) for i in db.incidents.list()] == [("Q", ["fired"])]
+    assert [d.labels["alertname"] for d in diagnosed] == ["Q"]
+    t[0] = T0 + 35  # group_wait after the successful apply
+    await rig.d.tick()
+    await rig.d.drain()
+    assert [alertnames(p) for p in hook.posts()] == [[("firing", "a")]]
+
+
+async def test_a_group_whose_flush_fails_stays_due_and_goes_out_next_round(
+        db: StateDB, session: aiohttp.ClientSession, hooks: HookFactory) -> None:
+    """A flush whose enqueue fails raises after the round and keeps its group due: the next round sends it."""
+    t = [T0]
+    hook = await hooks(t)
+    cfg = make_config({"hook": webhook(hook.url())}, {"receiver": "hook", "group_by": ["alertname"], **FAST})
+    rig = Rig(cfg, db, session, t)
+    disk = full_disk(db)
+    events, alerts = evaluate([spec("Q", 0, instance="a")], 0, T0)
+    rig.d.observe("g", events, alerts, interval_s=15, now_ms=ms(T0))
+    disk.full = True
+    t[0] = T0 + 30
+    with pytest.raises(StateError, match="disk is full"):
+        await rig.d.tick()
+    await rig.d.drain()
+    assert hook.posts() == [] and db.outbox.pending() == []
+    disk.full = False
+    t[0] = T0 + 31  # well before group_interval (60 s) would have come round again
+    await rig.d.tick()
+    await rig.d.drain()
+    assert [(p.at, alertnames(p)) for p in hook.posts()] == [(31, [("firing", "a")])]
 
 
 # -- 9. scale actions ------------------------------------------------------------------------------------------

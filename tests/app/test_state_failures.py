@@ -18,7 +18,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -34,45 +33,11 @@ from agent.config import load_config
 from tests import e2e
 from tests.alertmanager import eventually
 from tests.e2e import ALERT, SETTLE_S, Agents, MetricsTarget, Receiver, wait_for, write_config
+from tests.statefiles import FULL, FullDisk, full_disk
 
 agents = e2e.agents  # fixtures, bound here so pytest finds them
 target = e2e.target
 hook = e2e.hook
-
-FULL = "database or disk is full"  # SQLite's message for SQLITE_FULL
-
-
-class FullDisk:
-    """A sqlite3 connection whose commits fail as on a full disk while :attr:`full` is set.
-
-    Everything else goes to the real connection, so what a failed commit leaves behind (the rollback,
-    the state of the file) is SQLite's own.
-    """
-
-    def __init__(self, real: sqlite3.Connection) -> None:
-        self.real = real
-        self.full = False
-        self.refused = 0
-
-    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
-        if self.full and sql.strip().upper() == "COMMIT":
-            self.refused += 1
-            raise sqlite3.OperationalError(FULL)
-        return self.real.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
-        return self.real.executemany(sql, rows)
-
-    def rollback(self) -> None:
-        self.real.rollback()
-
-    def close(self) -> None:
-        self.real.close()
-
-    @property
-    def in_transaction(self) -> bool:
-        return self.real.in_transaction
-
 
 def _config(tmp_path: Path, target: MetricsTarget, hook: Receiver, *, state: Path | None = None) -> Path:
     """The e2e config (alert after 4 s, a webhook), plus a ``diagnose`` action and the state path."""
@@ -105,12 +70,7 @@ async def _metric(http: aiohttp.ClientSession, base: str, name: str) -> float | 
 async def inproc(tmp_path: Path, target: MetricsTarget, hook: Receiver) -> AsyncIterator[tuple[Agent, FullDisk]]:
     """A started in-process Agent whose state connection is wrapped in :class:`FullDisk`."""
     agent = Agent(load_config(_config(tmp_path, target, hook), {}))
-    disk = FullDisk(agent.act.db._conn._conn)  # type: ignore[arg-type]
-
-    def swap() -> None:
-        agent.act.db._conn._conn = disk  # type: ignore[assignment]
-
-    await agent.act.db.run(swap)
+    disk = await agent.act.db.run(full_disk, agent.act.db)
     await agent.start()
     try:
         yield agent, disk
@@ -162,6 +122,31 @@ async def test_firing_while_commits_fail_is_notified_once_when_they_succeed(
         assert [e["kind"] for e in incidents[0]["events"]].count("fired") == 1
         assert agent.status_json()["state"] == {"path": agent.config.state.path, "degraded": False, "reason": "",
                                                 "write_failures": disk.refused, "held": 0}
+
+
+async def test_held_evaluations_are_applied_in_order(inproc: tuple[Agent, FullDisk], target: MetricsTarget) -> None:
+    """An alert that fires and resolves while commits fail gets, once they succeed, one incident whose
+    timeline is fired then resolved: held work is applied in the order it happened."""
+    agent, disk = inproc
+    disk.full = True
+    target.set(1)
+
+    async def state(want: str) -> bool:
+        return any(r["state"] == want for g in agent.rules_json() for r in g["rules"])
+    await wait_for(lambda: state("firing"), what="the alert firing in the rule manager")
+    target.set(0)
+    await wait_for(lambda: state("inactive"), what="the alert resolved in the rule manager")
+    assert agent.act.health.held >= 2 and await agent.incidents_json() == []
+    disk.full = False
+
+    async def resolved() -> list[dict[str, Any]] | None:
+        incidents = await agent.incidents_json()
+        return incidents if incidents and incidents[0]["status"] == "resolved" else None
+    incidents = await eventually(resolved, what="the incident, resolved")
+    assert len(incidents) == 1
+    kinds = [e["kind"] for e in incidents[0]["events"]]
+    assert kinds.count("fired") == 1 and kinds.index("fired") < kinds.index("resolved")
+    assert agent.degraded is None
 
 
 async def _ready(http: aiohttp.ClientSession, base: str) -> bool:
