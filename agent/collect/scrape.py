@@ -12,6 +12,9 @@ nothing. Per target the scraper keeps what Prometheus keeps:
 * **atomic scrapes**: a payload is parsed completely before anything is written, so
   a truncated or malformed body stores nothing and marks the target down with the
   parser's error (line number included).
+* **isolation**: any exception while scraping, parsing or storing one target, foreseen
+  (:class:`ScrapeError`) or not (a bug), marks only that target down with the cause as
+  ``last_error`` and writes ``up`` 0; the cycle and the other targets go on.
 * the synthetic series ``up``, ``scrape_duration_seconds``, ``scrape_samples_scraped``
   and ``scrape_body_size_bytes`` with the target's ``job``/``instance`` labels.
 
@@ -147,7 +150,15 @@ class Scraper:
 
     # -- scraping ----------------------------------------------------------------
     async def scrape_all(self) -> None:
-        await asyncio.gather(*(self.scrape(t) for t in list(self.targets.values())))
+        # scrape() never raises; return_exceptions is the second guard, so that even a failure in
+        # recording a failure (the store itself broken) ends that target's scrape, not the cycle.
+        targets = list(self.targets.values())
+        results = await asyncio.gather(*(self.scrape(t) for t in targets), return_exceptions=True)
+        for target, result in zip(targets, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("scrape bookkeeping failed", target=target.url, error=f"{type(result).__name__}: {result}")
+            elif isinstance(result, BaseException):  # CancelledError, KeyboardInterrupt: not ours to swallow
+                raise result
 
     async def scrape(self, target: Target) -> None:
         """Scrape one target; never raises (errors become the target's ``last_error``)."""
@@ -158,10 +169,15 @@ class Scraper:
             try:
                 text, openmetrics, body_bytes = await self._fetch(target)
                 parsed = self._parse(target, text, openmetrics)
+                self._commit(target, parsed, start_ms, time.perf_counter() - t0, body_bytes)
             except ScrapeError as exc:
                 self._record_failure(target, start_ms, time.perf_counter() - t0, str(exc), body_bytes)
-                return
-            self._commit(target, parsed, start_ms, time.perf_counter() - t0, body_bytes)
+            except Exception as exc:  # a bug for one target must not cost the others
+                # Not a failure we foresaw (a parser or store bug, a payload that trips one): the
+                # traceback goes to the log for a bug report; the target is down with the cause.
+                log.exception("scrape failed unexpectedly", target=target.url, job=target.spec.job)
+                error = f"internal error while scraping: {type(exc).__name__}: {exc}"
+                self._record_failure(target, start_ms, time.perf_counter() - t0, error, body_bytes)
 
     def ingest(self, target: Target, text: str, now_ms: int, *, openmetrics: bool = False) -> None:
         """Parse and store one payload for ``target`` exactly as a scrape does after its
@@ -262,11 +278,11 @@ class Scraper:
     def _finish(self, target: Target, now_ms: int, duration: float, body_bytes: int, up: float) -> None:
         target.scrapes += 1
         target.last_scrape_ms, target.duration_s, target.body_bytes = now_ms, duration, body_bytes
-        for name, value in (
-            ("up", up),
+        for name, value in (  # up last: if writing this scrape fails half-way, up=1 was not written
             ("scrape_duration_seconds", duration),
             ("scrape_samples_scraped", float(target.samples)),
             ("scrape_body_size_bytes", float(body_bytes)),
+            ("up", up),
         ):
             self._synthetic(target, name).append(now_ms, value)
 

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from agent.collect.discovery import TargetSpec, instance_of
 from agent.collect.scrape import ACCEPT_HEADER, Scraper
 from agent.series import is_stale, labels_from
-from agent.store import AppendResult, KeepList, SeriesMatcher, Store
+from agent.store import AppendResult, KeepList, Series, SeriesMatcher, Store
 from tests.conftest import FIXTURES, Handler
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -321,4 +321,52 @@ async def test_openmetrics_response_accepted(http_server: Start) -> None:
     await sc.scrape_all()
     assert sc.targets[url].health == "up", sc.targets[url].last_error
     assert _values(sc.store, "vllm:num_requests_waiting") == [4.0]
+    await sc.close()
+
+
+class _BrokenForOne(Store):
+    """A store whose series() raises for one instance's scraped series (not its synthetic ones)."""
+
+    def __init__(self, broken_instance: str) -> None:
+        super().__init__(3_600_000, _BoomKeep(["vllm:num_requests_waiting", "vllm:num_requests_running"]))
+        self.broken = broken_instance
+
+    def series(self, labels: tuple[tuple[str, str], ...]) -> Series:
+        d = dict(labels)
+        if d.get("instance") == self.broken and not d["__name__"].startswith(("up", "scrape_")):
+            raise RuntimeError("injected store failure")
+        return super().series(labels)
+
+
+class _BoomKeep(KeepList):
+    """A keep-list that raises while the parser asks about the name ``boom`` (a parser-side bug)."""
+
+    def __missing__(self, sample_name: str) -> bool:
+        if sample_name == "boom":
+            raise KeyError("injected parse failure")
+        return super().__missing__(sample_name)
+
+
+async def test_unexpected_exception_marks_only_that_target_down(http_server: Start) -> None:
+    """An exception that is no ScrapeError, from the store append or the parse of one target, marks
+    only that target down with last_error and up=0; the cycle goes on and the others are stored."""
+    good_urls = [await http_server(_reply(GOOD)) for _ in range(3)]
+    store_bad = await http_server(_reply(GOOD))
+    parse_bad = await http_server(_reply(GOOD + "boom 1\n"))
+    store = _BrokenForOne(instance_of(store_bad))
+    sc = _scraper(store)
+    sc.set_targets([_spec(u) for u in (good_urls[0], store_bad, good_urls[1], parse_bad, good_urls[2])])
+    for cycle in (1, 2):
+        await sc.scrape_all()
+        for url in good_urls:
+            t = sc.targets[url]
+            assert (t.health, t.stored, t.last_error) == ("up", 1, ""), cycle
+            assert _values(store, "vllm:num_requests_waiting", instance=instance_of(url)) == [3.0] * cycle
+            assert _values(store, "up", instance=instance_of(url)) == [1.0] * cycle
+        for url, cause in ((store_bad, "RuntimeError: injected store failure"),
+                           (parse_bad, "KeyError: 'injected parse failure'")):
+            t = sc.targets[url]
+            assert t.health == "down" and t.last_error == f"internal error while scraping: {cause}", cycle
+            assert _values(store, "up", instance=instance_of(url)) == [0.0] * cycle
+            assert t.failures == cycle
     await sc.close()
