@@ -15,6 +15,10 @@ nothing. Per target the scraper keeps what Prometheus keeps:
 * **isolation**: any exception while scraping, parsing or storing one target, foreseen
   (:class:`ScrapeError`) or not (a bug), marks only that target down with the cause as
   ``last_error`` and writes ``up`` 0; the cycle and the other targets go on.
+* **timestamp bounds**: a sample whose own timestamp is more than :data:`MAX_AHEAD_MS`
+  after the scrape, or older than the store's retention, is dropped alone ("out of bounds",
+  as Prometheus does); the target stays up and ``last_error`` says what was dropped. A
+  timestamp that is not an int64 fails the scrape, as Prometheus' parser does.
 * the synthetic series ``up``, ``scrape_duration_seconds``, ``scrape_samples_scraped``
   and ``scrape_body_size_bytes`` with the target's ``job``/``instance`` labels.
 
@@ -49,6 +53,12 @@ log = structlog.get_logger(__name__)
 ACCEPT_HEADER = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _CHUNK = 1 << 16
 _MAX_TS_MS, _MIN_TS_MS = 2**63 - 1, -(2**63)  # what the store's int64 timestamps hold
+#: How far after the scrape time a sample's own timestamp may be. Prometheus 2.42's scrape loop
+#: appends through a time-limit appender with ``maxAheadTime = 10 * time.Minute`` and drops later
+#: samples as "out of bounds" (checked against the real 2.42 binary: +9m stored, +1h and +30d
+#: dropped, the target stays up). A clock that far ahead is wrong, and such a sample would sit at
+#: the end of its series and reject every later sample as out of order.
+MAX_AHEAD_MS = 10 * 60_000
 
 
 @dataclass
@@ -65,6 +75,7 @@ class Target:
     body_bytes: int = 0
     scrapes: int = 0
     failures: int = 0
+    out_of_bounds: int = 0  # samples of the last scrape dropped for their timestamp
     # series text -> [series, iteration last seen]
     cache: dict[str, list[Any]] = field(default_factory=dict, repr=False)
     iteration: int = 0
@@ -88,6 +99,7 @@ class Target:
             "stored_samples": self.stored,
             "body_bytes": self.body_bytes,
             "series": len(self.cache),
+            "out_of_bounds_samples": self.out_of_bounds,
         }
 
 
@@ -168,7 +180,7 @@ class Scraper:
             body_bytes = 0
             try:
                 text, openmetrics, body_bytes = await self._fetch(target)
-                parsed = self._parse(target, text, openmetrics)
+                parsed = self._parse(target, text, openmetrics, start_ms)
                 self._commit(target, parsed, start_ms, time.perf_counter() - t0, body_bytes)
             except ScrapeError as exc:
                 self._record_failure(target, start_ms, time.perf_counter() - t0, str(exc), body_bytes)
@@ -182,7 +194,7 @@ class Scraper:
     def ingest(self, target: Target, text: str, now_ms: int, *, openmetrics: bool = False) -> None:
         """Parse and store one payload for ``target`` exactly as a scrape does after its
         HTTP fetch (used by benchmarks and tests; raises :class:`ScrapeError`)."""
-        self._commit(target, self._parse(target, text, openmetrics), now_ms, 0.0, len(text))
+        self._commit(target, self._parse(target, text, openmetrics, now_ms), now_ms, 0.0, len(text))
 
     async def _fetch(self, target: Target) -> tuple[str, bool, int]:
         headers = {
@@ -223,26 +235,33 @@ class Scraper:
         more = "more than " if at_least else ""
         return f"body of {more}{size} bytes exceeds the limit of {self.body_limit} bytes (scrape.body_limit)"
 
-    def _parse(self, target: Target, text: str, openmetrics: bool) -> _Parsed:
+    def _parse(self, target: Target, text: str, openmetrics: bool, now_ms: int) -> _Parsed:
         """Parse the whole payload before writing anything (atomic scrape)."""
         scanner = Scanner(self.store.keep, openmetrics=openmetrics)
         cache = target.cache
         rows: list[tuple[list[Any], float, int | None]] = []
         new: dict[str, list[Any]] = {}
+        # Prometheus' bounds: at most MAX_AHEAD_MS after the scrape, not older than what the store
+        # keeps (its TSDB refuses samples before the head's minimum valid time the same way).
+        lo, hi = now_ms - self.store.retention_ms, now_ms + MAX_AHEAD_MS
+        refused: list[tuple[str, int]] = []
         try:
             for key, value, ts in scanner.scan(text):
+                if ts is not None and not lo <= ts <= hi:
+                    if not _MIN_TS_MS <= ts <= _MAX_TS_MS:  # not an int64: Prometheus' parser fails the scrape
+                        raise ScrapeError(f"sample timestamp out of range: {key} at {ts} ms")
+                    refused.append((key, ts))  # dropped alone, like Prometheus' ErrOutOfBounds
+                    continue
                 entry = cache.get(key) or new.get(key)
                 if entry is None:
                     name, labels = scanner.labels_of(key)
                     entry = new[key] = [_target_labels(target.spec.labels, name, labels), -1]
-                if ts is not None and not _MIN_TS_MS <= ts <= _MAX_TS_MS:
-                    raise ScrapeError(f"sample timestamp out of range: {key} at {ts} ms")
                 rows.append((entry, value, ts))
         except ExpositionError as exc:
             raise ScrapeError(f"invalid exposition format: {exc}") from exc
         if self.sample_limit and len(rows) > self.sample_limit:
             raise ScrapeError(f"sample limit exceeded: {len(rows)} > {self.sample_limit} (scrape.sample_limit)")
-        return _Parsed(rows, new, scanner.samples_total)
+        return _Parsed(rows, new, scanner.samples_total, refused)
 
     def _commit(self, target: Target, parsed: _Parsed, now_ms: int, duration: float, body_bytes: int) -> None:
         store, cache = self.store, target.cache
@@ -264,6 +283,16 @@ class Scraper:
             cache.pop(key)[0].mark_stale(now_ms)
         target.health, target.last_error = "up", ""
         target.samples, target.stored = parsed.samples_total, len(parsed.rows)
+        target.out_of_bounds = len(parsed.refused)
+        if parsed.refused:  # the target stays up, as in Prometheus; last_error says what was dropped
+            key, ts = parsed.refused[0]
+            target.last_error = (
+                f"{len(parsed.refused)} sample(s) out of bounds (timestamp more than "
+                f"{MAX_AHEAD_MS // 60_000}m after the scrape or older than the store's retention), "
+                f"dropped; first: {key} at {ts} ms, scrape at {now_ms} ms"
+            )
+            log.warning("Error on ingesting samples that are too old or are too far into the future",
+                        target=target.url, job=target.spec.job, num_dropped=len(parsed.refused))
         self._finish(target, now_ms, duration, body_bytes, up=1.0)
 
     def _record_failure(self, target: Target, now_ms: int, duration: float, error: str, body_bytes: int) -> None:
@@ -272,7 +301,7 @@ class Scraper:
         self._mark_stale(target, now_ms, synthetic=False)
         target.health, target.last_error = "down", error
         target.failures += 1
-        target.samples = target.stored = 0
+        target.samples = target.stored = target.out_of_bounds = 0
         self._finish(target, now_ms, duration, body_bytes, up=0.0)
 
     def _finish(self, target: Target, now_ms: int, duration: float, body_bytes: int, up: float) -> None:
@@ -310,6 +339,7 @@ class _Parsed:
     rows: list[tuple[list[Any], float, int | None]]
     new: dict[str, list[Any]]
     samples_total: int
+    refused: list[tuple[str, int]]  # (series text, timestamp) of samples dropped as out of bounds
 
 
 def _check_content_type(ctype: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import math
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -369,4 +370,29 @@ async def test_unexpected_exception_marks_only_that_target_down(http_server: Sta
             assert t.health == "down" and t.last_error == f"internal error while scraping: {cause}", cycle
             assert _values(store, "up", instance=instance_of(url)) == [0.0] * cycle
             assert t.failures == cycle
+    await sc.close()
+
+
+async def test_out_of_bounds_timestamps_dropped_per_sample(http_server: Start) -> None:
+    """Samples more than 10m ahead of the scrape or older than retention are dropped alone (as
+    Prometheus 2.42 does); the target stays up and says so; a non-int64 timestamp fails the scrape."""
+    async def handler(_: web.Request) -> web.StreamResponse:
+        now = int(time.time() * 1000)
+        body = "".join(f'vllm:num_requests_waiting{{at="{name}"}} 1 {now + delta}\n' for name, delta in (
+            ("ahead_9m", 9 * 60_000), ("ahead_1h", 3_600_000), ("ahead_30d", 30 * 86_400_000),
+            ("before_retention", -2 * 3_600_000))) + 'vllm:num_requests_waiting{at="none"} 1\n'
+        return web.Response(text=body, headers={"Content-Type": TEXT})
+
+    url = await http_server(handler)
+    int64 = await http_server(_reply("vllm:num_requests_waiting 1 99999999999999999999\n"))
+    sc = _scraper()
+    sc.set_targets([_spec(url), _spec(int64)])
+    await sc.scrape_all()
+    t = sc.targets[url]
+    assert t.health == "up" and t.stored == 2 and t.out_of_bounds == 3
+    assert t.last_error.startswith("3 sample(s) out of bounds (timestamp more than 10m after the scrape")
+    assert sorted(dict(s.labels)["at"] for s in sc.store.iter_series([SeriesMatcher("at", "!=", "")])) == [
+        "ahead_9m", "none"]
+    assert _values(sc.store, "up", instance=instance_of(url)) == [1.0]
+    assert sc.targets[int64].health == "down" and "timestamp" in sc.targets[int64].last_error
     await sc.close()
