@@ -25,7 +25,7 @@ import structlog
 import yaml
 from pydantic import SecretStr
 
-from agent.config import Config, FileSDConfig, TargetConfig
+from agent.config import BasicAuthConfig, Config, FileSDConfig, TargetConfig
 from agent.errors import ConfigError
 from agent.gocompat import yamlv3
 from agent.series import labels_get
@@ -42,6 +42,7 @@ class TargetSpec:
     url: str
     labels: tuple[tuple[str, str], ...]  # sorted, includes job and instance
     bearer_token: SecretStr | None = field(default=None, compare=False)
+    basic_auth: BasicAuthConfig | None = field(default=None, compare=False)
     source: str = "static"
 
     @property
@@ -72,13 +73,15 @@ def instance_of(url: str) -> str:
     return f"{host}:{port}"
 
 
-def _spec(url: str, job: str, extra: dict[str, str], token: SecretStr | None, source: str) -> TargetSpec:
+def _spec(url: str, job: str, extra: dict[str, str], auth: TargetConfig | FileSDConfig | None,
+          source: str) -> TargetSpec:
     labels = {"job": job, "instance": instance_of(url), **extra}
-    return TargetSpec(url=url, labels=tuple(sorted(labels.items())), bearer_token=token, source=source)
+    return TargetSpec(url=url, labels=tuple(sorted(labels.items())), source=source,
+                      bearer_token=auth.bearer_token if auth else None, basic_auth=auth.basic_auth if auth else None)
 
 
 def static_targets(targets: list[TargetConfig]) -> list[TargetSpec]:
-    return [_spec(t.url, t.job, dict(t.labels), t.bearer_token, "static") for t in targets]
+    return [_spec(t.url, t.job, dict(t.labels), t, "static") for t in targets]
 
 
 @dataclass
@@ -126,7 +129,7 @@ class FileSD:
         if mtime == st.mtime and not force:
             return
         try:
-            st.specs = parse_file_sd(path, cfg.job)
+            st.specs = parse_file_sd(path, cfg.job, cfg)
         except ConfigError as exc:
             self._fail(st, path, str(exc))
             return
@@ -141,8 +144,9 @@ class FileSD:
         st.error = error
 
 
-def parse_file_sd(path: Path, job: str) -> list[TargetSpec]:
-    """Parse one ``file_sd`` file; raises :class:`ConfigError` naming the entry."""
+def parse_file_sd(path: Path, job: str, auth: FileSDConfig | None = None) -> list[TargetSpec]:
+    """Parse one ``file_sd`` file; raises :class:`ConfigError` naming the entry. ``auth``: the
+    ``file_sd`` entry whose ``bearer_token``/``basic_auth`` its targets use."""
     try:
         text = path.read_text(encoding="utf-8")
         data: Any = json.loads(text) if path.suffix == ".json" else yamlv3.load(text)
@@ -164,6 +168,10 @@ def parse_file_sd(path: Path, job: str) -> list[TargetSpec]:
         group_job = labels.pop("job", job)
         public = {k: v for k, v in labels.items() if not k.startswith("__")}
         for j, addr in enumerate(group["targets"]):
+            if isinstance(addr, str) and "@" in addr:  # checked first: the messages below quote the address
+                raise ConfigError(f"{path}: [{i}].targets[{j}]: credentials in a target address are refused; "
+                                  "remove them and give the file_sd entry basic_auth: {username: ..., "
+                                  "password_file: ...} (or password_env)")
             if not isinstance(addr, str) or not addr or "/" in addr:
                 raise ConfigError(f"{path}: [{i}].targets[{j}]: expected host:port, got {addr!r}")
             url = f"{scheme}://{addr}{mpath}"
@@ -171,7 +179,7 @@ def parse_file_sd(path: Path, job: str) -> list[TargetSpec]:
                 TargetConfig(url=url, labels=public)
             except ValueError as exc:
                 raise ConfigError(f"{path}: [{i}].targets[{j}]: {exc}") from exc
-            specs.append(_spec(url, group_job, public, None, f"file_sd:{path}"))
+            specs.append(_spec(url, group_job, public, auth, f"file_sd:{path}"))
     return specs
 
 

@@ -30,6 +30,7 @@ sends it anyway.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -202,8 +203,12 @@ class Scraper:
             "Accept-Encoding": "gzip",
             "X-Prometheus-Scrape-Timeout-Seconds": f"{self.timeout_s:g}",
         }
-        if target.spec.bearer_token is not None:
-            headers["Authorization"] = f"Bearer {target.spec.bearer_token.get_secret_value()}"
+        spec = target.spec
+        if spec.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {spec.bearer_token.get_secret_value()}"
+        elif spec.basic_auth is not None:
+            pair = f"{spec.basic_auth.username}:{spec.basic_auth.password.get_secret_value()}"  # Go's SetBasicAuth
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._http().get(target.url, headers=headers, allow_redirects=True) as resp:

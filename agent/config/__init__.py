@@ -65,6 +65,7 @@ from agent.gocompat import yamlv3
 __all__ = [
     "ActionConfig",
     "AlertmanagerReceiverConfig",
+    "BasicAuthConfig",
     "Config",
     "ConsoleReceiverConfig",
     "DiagnosticsConfig",
@@ -85,6 +86,7 @@ __all__ = [
     "TargetConfig",
     "WebhookReceiverConfig",
     "bundled_rules_dir",
+    "check_target_url",
     "format_duration",
     "load_config",
     "parse_duration",
@@ -95,13 +97,40 @@ DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm se
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+class BasicAuthConfig(ConfigModel):
+    """HTTP basic authentication for a target (Prometheus' ``basic_auth``); the password comes
+    from ``password_file`` or ``password_env`` only, like every other secret."""
+
+    username: str = Field(min_length=1)
+    password: SecretStr
+
+    @field_validator("username")
+    @classmethod
+    def _no_colon(cls, v: str) -> str:
+        if ":" in v:
+            raise ValueError("a basic_auth username cannot contain ':' (RFC 7617)")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return resolve_secret(dict(data), "password", info) if isinstance(data, dict) else data
+
+
 class TargetConfig(ConfigModel):
-    """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL."""
+    """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL.
+
+    Credentials in the URL (``http://user:pass@host/metrics``) are refused: a URL is what logs,
+    ``/api/v1/targets``, ``run --once --json`` and incidents print, and redacting it in every one
+    of them is a promise one forgotten path breaks. ``basic_auth`` takes the password from a file
+    or the environment instead, and prints as ``**********``.
+    """
 
     url: str
     job: str = "vllm"
     labels: dict[str, str] = Field(default_factory=dict)
     bearer_token: SecretStr | None = None
+    basic_auth: BasicAuthConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -111,7 +140,13 @@ class TargetConfig(ConfigModel):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        return check_url(v)
+        return check_target_url(v)
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> TargetConfig:
+        if self.bearer_token is not None and self.basic_auth is not None:
+            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
+        return self
 
     @field_validator("labels")
     @classmethod
@@ -122,12 +157,37 @@ class TargetConfig(ConfigModel):
         return v
 
 
+def check_target_url(v: str) -> str:
+    """:func:`check_url` for a scrape target, which also refuses credentials in the URL."""
+    if "@" in re.split(r"[/?#]", v.partition("://")[2], maxsplit=1)[0]:  # before check_url: its errors quote the URL
+        raise ValueError(
+            "credentials in the URL are refused (the URL is shown in logs, /api/v1/targets and incidents); "
+            "remove them and use basic_auth: {username: ..., password_file: ...} (or password_env)"
+        )
+    return check_url(v)
+
+
 class FileSDConfig(ConfigModel):
-    """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``)."""
+    """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``). ``bearer_token``
+    and ``basic_auth`` apply to every target the files list (a target address with credentials,
+    ``user:pass@host:port``, is refused like a static URL with them)."""
 
     files: list[str] = Field(min_length=1)
     job: str = "vllm"
     refresh_interval: Duration = 300.0
+    bearer_token: SecretStr | None = None
+    basic_auth: BasicAuthConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> FileSDConfig:
+        if self.bearer_token is not None and self.basic_auth is not None:
+            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
+        return self
 
 
 class ScrapeConfig(ConfigModel):

@@ -92,3 +92,21 @@ def test_static_wins_over_discovered_duplicate(tmp_path: Path) -> None:
     cfg = load_config(None)
     specs = all_targets(cfg, FileSD([FileSDConfig(files=[str(f)])], clock=lambda: 0.0))
     assert len(specs) == 1 and specs[0].job == "vllm"
+
+
+def test_file_sd_credentials_refused_and_entry_auth_applied(tmp_path: Path) -> None:
+    """A file_sd address with user:pass@ is refused without quoting the password; the entry's
+    basic_auth reaches every target it lists."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"targets": ["bob:hunter2@10.0.0.5:8000"]}]))
+    with pytest.raises(ConfigError, match=r"\[0\]\.targets\[0\]: credentials in a target address are refused") as info:
+        parse_file_sd(bad, "vllm")
+    assert "hunter2" not in str(info.value) and "basic_auth" in str(info.value)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"targets": ["10.0.0.5:8000", "10.0.0.6:8000"]}]))
+    (tmp_path / "pw").write_text("pw\n")
+    cfg = load_config(None).model_copy(update={"file_sd": [FileSDConfig.model_validate(
+        {"files": [str(good)], "basic_auth": {"username": "bob", "password_file": str(tmp_path / "pw")}})]})
+    specs = FileSD(cfg.file_sd, lambda: 0.0).refresh()
+    assert [(s.basic_auth.username, s.basic_auth.password.get_secret_value()) for s in specs if s.basic_auth] == [
+        ("bob", "pw"), ("bob", "pw")]

@@ -7,6 +7,7 @@ healthy target scraped in the same cycle is unaffected.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import math
 import time
@@ -18,6 +19,7 @@ from pydantic import SecretStr
 
 from agent.collect.discovery import TargetSpec, instance_of
 from agent.collect.scrape import ACCEPT_HEADER, Scraper
+from agent.config import BasicAuthConfig
 from agent.series import is_stale, labels_from
 from agent.store import AppendResult, KeepList, Series, SeriesMatcher, Store
 from tests.conftest import FIXTURES, Handler
@@ -395,4 +397,23 @@ async def test_out_of_bounds_timestamps_dropped_per_sample(http_server: Start) -
         "ahead_9m", "none"]
     assert _values(sc.store, "up", instance=instance_of(url)) == [1.0]
     assert sc.targets[int64].health == "down" and "timestamp" in sc.targets[int64].last_error
+    await sc.close()
+
+
+async def test_basic_auth_header_sent(http_server: Start) -> None:
+    """A target with basic_auth is scraped with the Authorization: Basic header."""
+    seen: dict[str, str] = {}
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        seen.update(req.headers)
+        return web.Response(text=GOOD, headers={"Content-Type": TEXT})
+
+    url = await http_server(handler)
+    sc = _scraper()
+    auth = BasicAuthConfig(username="bob", password=SecretStr("pa:ss"))
+    sc.set_targets([TargetSpec(url, (("instance", "x"), ("job", "vllm")), basic_auth=auth)])
+    await sc.scrape_all()
+    assert sc.targets[url].health == "up", sc.targets[url].last_error
+    assert seen["Authorization"] == "Basic " + base64.b64encode(b"bob:pa:ss").decode()
+    assert "pa:ss" not in repr(sc.targets[url]) and "pa:ss" not in str(sc.targets_json())
     await sc.close()

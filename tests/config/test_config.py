@@ -205,3 +205,37 @@ def test_regex_re2_refuses_is_a_config_error_naming_the_key(tmp_path: Path) -> N
     text = "\n".join(err.value.errors)
     assert "route.routes[0].matchers" in text and "job=~: not a regular expression in RE2 syntax" in text
     assert "route.routes[0].match_re" in text and "instance=~: not a regular expression in RE2 syntax" in text
+
+
+def test_credentials_in_target_url_refused_without_echoing_them(tmp_path: Path) -> None:
+    """A target URL with user:pass@ is refused at load, pointing to basic_auth, and the password
+    appears in no error message (also when the rest of the URL is bad)."""
+    for url in ("http://bob:hunter2@a:1/metrics", "http://bob:hunter2@a:bad/metrics", "http://bob@a:1/"):
+        errs = _errors(tmp_path, f"targets: [{{url: '{url}'}}]\n")
+        assert len(errs) == 1 and errs[0].startswith("targets[0].url: credentials in the URL are refused")
+        assert "basic_auth" in errs[0] and "password_file" in errs[0] and "hunter2" not in errs[0]
+
+
+def test_basic_auth_password_from_file_or_env_redacted(tmp_path: Path) -> None:
+    """basic_auth takes its password from password_file or password_env, never inline, and prints redacted."""
+    (tmp_path / "pw").write_text("s3cr3t\n", encoding="utf-8")
+    cfg = load_config(_write(tmp_path, (
+        f"targets: [{{url: 'http://a:1/metrics', basic_auth: {{username: bob, password_file: '{tmp_path / 'pw'}'}}}},\n"
+        "          {url: 'http://b:1/metrics', basic_auth: {username: eve, password_env: PW}}]\n")), {"PW": "env-pw"})
+    auths = [t.basic_auth for t in cfg.targets]
+    assert [(a.username, a.password.get_secret_value()) for a in auths if a] == [("bob", "s3cr3t"), ("eve", "env-pw")]
+    shown = json.dumps(cfg.redacted()) + repr(cfg)
+    assert "s3cr3t" not in shown and "env-pw" not in shown
+    assert cfg.redacted()["targets"][0]["basic_auth"] == {"username": "bob", "password": "**********"}
+    errs = _errors(tmp_path, "targets: [{url: 'http://a:1/', basic_auth: {username: bob, password: hunter2}}]\n")
+    assert any("password_file" in e for e in errs) and not any("hunter2" in e for e in errs)
+
+
+def test_bearer_token_with_basic_auth_is_a_config_error(tmp_path: Path) -> None:
+    """A target (or file_sd entry) with both bearer_token and basic_auth fails at load, naming it."""
+    env = {"T": "tok", "PW": "pw"}
+    both = "bearer_token_env: T, basic_auth: {username: bob, password_env: PW}"
+    errs = _errors(tmp_path, f"targets: [{{url: 'http://a:1/', {both}}}]\n", env)
+    assert errs == ["targets[0]: give bearer_token or basic_auth, not both (a request has one Authorization header)"]
+    errs = _errors(tmp_path, f"file_sd: [{{files: [x.json], {both}}}]\n", env)
+    assert errs == ["file_sd[0]: give bearer_token or basic_auth, not both (a request has one Authorization header)"]
