@@ -10,6 +10,13 @@ Only metric names on the :class:`KeepList` are stored (DESIGN.md decision 3): th
 scraper asks :meth:`Store.wants` per sample name, answered from a dict cache, and
 skips the rest before parsing their labels.
 
+**Cardinality cap**: ``max_series`` bounds the series that scraped targets create
+(:meth:`Store.try_series`); beyond it a *new* scraped series is refused and counted in
+``refused_series`` (the agent exports the count and alerts on it), while existing series keep
+being written. The agent's own series (``up``, ``scrape_*``, rule results, NVML) go through
+:meth:`Store.series` and are never refused: they are bounded by the configuration, and
+``up`` must stay truthful exactly when the store is full.
+
 Write rules follow Prometheus' TSDB: a sample older than the series' last one is
 rejected ("out of order"), a second sample at the same timestamp with a different
 value is rejected ("duplicate"), the same value again is accepted silently.
@@ -187,10 +194,17 @@ class KeepList(dict[str, bool]):
 class Store:
     """All series, indexed by metric name, then by the full label tuple."""
 
-    def __init__(self, retention_ms: int, keep: KeepList | None = None) -> None:
+    def __init__(self, retention_ms: int, keep: KeepList | None = None, *, max_series: int = 0) -> None:
         if retention_ms <= 0:
             raise StoreError("retention must be positive")
+        if max_series < 0:
+            raise StoreError("max_series must be 0 (unlimited) or positive")
         self.retention_ms = retention_ms
+        #: Cap on series for :meth:`try_series` (scraped series); 0 = unlimited. See the module docstring.
+        self.max_series = max_series
+        self.series_count = 0
+        #: New series :meth:`try_series` refused because the store held ``max_series`` already.
+        self.refused_series = 0
         self.keep = keep if keep is not None else KeepList(None)
         self._by_name: dict[str, dict[Labels, Series]] = {}
         #: Bumped whenever a series is created or dropped, so readers can cache selections.
@@ -214,7 +228,26 @@ class Store:
         if s is None:
             s = bucket[labels] = Series(labels)
             self.generation += 1
+            self.series_count += 1
         return s
+
+    def try_series(self, labels: Labels) -> Series | None:
+        """:meth:`series` for a source whose new series count against ``max_series`` (what targets
+        send): ``None``, counted in ``refused_series``, when the store is full and the series is new."""
+        name = _name_of(labels)
+        bucket = self._by_name.get(name)
+        s = bucket.get(labels) if bucket is not None else None
+        if s is not None:
+            return s
+        if self.max_series and self.series_count >= self.max_series:
+            self.refused_series += 1
+            return None
+        return self._series(name, labels)
+
+    def has(self, name: str, labels: Labels) -> bool:
+        """Whether the series exists already (``name`` is its metric name, found by the caller)."""
+        bucket = self._by_name.get(name)
+        return bucket is not None and labels in bucket
 
     def append(self, labels: Labels, ts_ms: int, value: float) -> AppendResult:
         result = self.series(labels).append(ts_ms, value)
@@ -274,6 +307,7 @@ class Store:
                 if not s.ts:
                     del bucket[labels]
                     self.generation += 1
+                    self.series_count -= 1
             if not bucket:
                 del self._by_name[name]
         return dropped

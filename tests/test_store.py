@@ -130,3 +130,19 @@ def test_store_requires_metric_name_and_positive_retention() -> None:
         _store().series((("job", "x"),))
     with pytest.raises(StoreError):
         Store(retention_ms=0)
+
+
+def test_max_series_refuses_new_scraped_series_only() -> None:
+    """At max_series, try_series refuses and counts new series, still returns existing ones, and
+    series() (the agent's own series) is never refused; gc frees room again."""
+    store = Store(60_000, max_series=2)
+    a, b, c = (labels_from("m", {"i": str(i)}) for i in range(3))
+    sa = store.try_series(a)
+    assert sa is not None and store.try_series(b) is not None
+    assert store.try_series(c) is None and store.refused_series == 1
+    assert store.try_series(a) is sa and store.series_count == 2
+    store.series(labels_from("up"))  # the agent's own: not refused
+    assert store.series_count == 3 and store.has("up", labels_from("up")) and not store.has("m", c)
+    sa.append(0, 1.0)
+    store.gc(120_000)  # every series is empty or older than retention: all dropped
+    assert store.series_count == 0 and store.try_series(c) is not None and store.refused_series == 1

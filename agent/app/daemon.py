@@ -93,7 +93,8 @@ class Agent:
         self.config = config
         self._clock = clock
         groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
-        self.store = Store(int(config.store.retention * 1000), keep_list(config, groups))
+        self.store = Store(int(config.store.retention * 1000), keep_list(config, groups),
+                           max_series=config.store.max_series)
         rc = config.rules
         self.engine = Engine(self.store, subquery_step_ms=int(rc.evaluation_interval * 1000))
         self.rules = RuleManager(groups, self.store, self.engine, default_interval_s=rc.evaluation_interval,
@@ -106,7 +107,9 @@ class Agent:
         sc = config.scrape
         self.scraper = Scraper(
             self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
-            sample_limit=sc.sample_limit, clock=clock,
+            sample_limit=sc.sample_limit, label_limit=sc.label_limit,
+            label_name_length_limit=sc.label_name_length_limit, label_value_length_limit=sc.label_value_length_limit,
+            new_series_limit=sc.new_series_limit, clock=clock,
         )
         self.file_sd = FileSD(config.file_sd, time.monotonic) if config.file_sd else None
         self._static_targets = static_targets(config.targets)  # the config is frozen: once is enough
@@ -114,7 +117,7 @@ class Agent:
         if config.nvml.mode != "false":
             self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
-        self._self_writer = RoundWriter(self.store)
+        self._self_writer = RoundWriter(self.store, keep_filter=False)  # the agent's own health, for our rules
         self._nvml_started = False
         self._nvml_samples: list[Observation] = []
         self.stats = _Stats()
@@ -190,10 +193,16 @@ class Agent:
         self.stats.scrape_cycles += 1
 
     def _write_self_metrics(self) -> None:
-        """The agent's own series that its bundled rules read (``rules/agent.rules.yaml``), into its store."""
-        now_ms = int(self._clock() * 1000)
-        failures = float(self.act.health.write_failures)
-        self._self_writer.write([(labels_from(_STATE_FAILURES), failures, now_ms)], now_ms)
+        """The agent's own series its bundled rules read (``rules/agent.rules.yaml``: state database writes,
+        the store's series cap), also on /metrics, written into its store so SREAgentStateWritesFailing
+        and SREAgentStoreSeriesLimitReached fire without a Prometheus scraping the agent."""
+        st, now_ms = self.store, int(self._clock() * 1000)
+        self._self_writer.write(((labels_from(name), float(value), now_ms) for name, value in (
+            (_STATE_FAILURES, self.act.health.write_failures),
+            ("sre_agent_store_series", st.series_count),
+            ("sre_agent_store_max_series", st.max_series),
+            ("sre_agent_store_refused_series_total", st.refused_series),
+        )), now_ms)
 
     async def poll_nvml(self) -> None:
         nv = self.nvml

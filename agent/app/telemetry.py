@@ -91,6 +91,8 @@ class AgentCollector(Collector):
         body = GaugeMetricFamily("sre_agent_target_body_bytes", "Size of the last payload.", labels=lbl)
         scrapes = CounterMetricFamily("sre_agent_target_scrapes", "Scrapes attempted.", labels=lbl)
         fails = CounterMetricFamily("sre_agent_target_scrape_failures", "Scrapes that failed.", labels=lbl)
+        oob = GaugeMetricFamily("sre_agent_target_out_of_bounds_samples",
+                                "Samples of the last scrape dropped for a timestamp out of bounds.", labels=lbl)
         for t in self._scraper.targets.values():
             key = [t.spec.job, t.spec.instance]
             up.add_metric(key, 1.0 if t.health == "up" else 0.0)
@@ -100,7 +102,8 @@ class AgentCollector(Collector):
             body.add_metric(key, t.body_bytes)
             scrapes.add_metric(key, t.scrapes)
             fails.add_metric(key, t.failures)
-        yield from (up, dur, samples, stored, body, scrapes, fails)
+            oob.add_metric(key, t.out_of_bounds)
+        yield from (up, dur, samples, stored, body, scrapes, fails, oob)
 
     def _store_metrics(self) -> Iterator[Metric]:
         st = self._store.stats()
@@ -116,6 +119,16 @@ class AgentCollector(Collector):
         for reason in (AppendResult.OUT_OF_ORDER, AppendResult.DUPLICATE):
             rej.add_metric([reason.value], self._store.rejected[reason])
         yield rej
+        cap = GaugeMetricFamily("sre_agent_store_max_series",
+                                "store.max_series: series scraped targets may create (0 = unlimited).")
+        cap.add_metric([], self._store.max_series)
+        yield cap
+        refused = CounterMetricFamily(
+            "sre_agent_store_refused_series",
+            "New scraped series refused because the store held store.max_series series.",
+        )
+        refused.add_metric([], self._store.refused_series)
+        yield refused
 
 
 def _as_families(samples: Sequence[Observation]) -> Iterator[Metric]:

@@ -19,6 +19,10 @@ nothing. Per target the scraper keeps what Prometheus keeps:
   after the scrape, or older than the store's retention, is dropped alone ("out of bounds",
   as Prometheus does); the target stays up and ``last_error`` says what was dropped. A
   timestamp that is not an int64 fails the scrape, as Prometheus' parser does.
+* **limits** (Prometheus' ``sample_limit``, ``label_limit``, ``label_name_length_limit``,
+  ``label_value_length_limit``, with its messages, plus ``new_series_limit``: series new to
+  the store per scrape): over one, the scrape fails and nothing of it is stored. When the
+  store is full (``store.max_series``) a new series is refused alone and the target says so.
 * the synthetic series ``up``, ``scrape_duration_seconds``, ``scrape_samples_scraped``
   and ``scrape_body_size_bytes`` with the target's ``job``/``instance`` labels.
 
@@ -77,6 +81,7 @@ class Target:
     scrapes: int = 0
     failures: int = 0
     out_of_bounds: int = 0  # samples of the last scrape dropped for their timestamp
+    refused_series: int = 0  # new series of the last scrape the full store refused
     # series text -> [series, iteration last seen]
     cache: dict[str, list[Any]] = field(default_factory=dict, repr=False)
     iteration: int = 0
@@ -101,6 +106,7 @@ class Target:
             "body_bytes": self.body_bytes,
             "series": len(self.cache),
             "out_of_bounds_samples": self.out_of_bounds,
+            "refused_series": self.refused_series,
         }
 
 
@@ -115,6 +121,10 @@ class Scraper:
         body_limit: int,
         concurrency: int,
         sample_limit: int = 0,
+        label_limit: int = 0,
+        label_name_length_limit: int = 0,
+        label_value_length_limit: int = 0,
+        new_series_limit: int = 0,
         clock: Callable[[], float] = time.time,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
@@ -122,6 +132,8 @@ class Scraper:
         self.timeout_s = timeout_s
         self.body_limit = body_limit
         self.sample_limit = sample_limit
+        self.limits = _LabelLimits(label_limit, label_name_length_limit, label_value_length_limit)
+        self.new_series_limit = new_series_limit
         self._clock = clock
         self._session = session
         self._own_session = session is None
@@ -250,6 +262,7 @@ class Scraper:
         # keeps (its TSDB refuses samples before the head's minimum valid time the same way).
         lo, hi = now_ms - self.store.retention_ms, now_ms + MAX_AHEAD_MS
         refused: list[tuple[str, int]] = []
+        limits, store, new_series = self.limits, self.store, 0
         try:
             for key, value, ts in scanner.scan(text):
                 if ts is not None and not lo <= ts <= hi:
@@ -258,24 +271,39 @@ class Scraper:
                     refused.append((key, ts))  # dropped alone, like Prometheus' ErrOutOfBounds
                     continue
                 entry = cache.get(key) or new.get(key)
-                if entry is None:
+                if entry is None:  # only here, for text this target's cache has not seen: the slow path
                     name, labels = scanner.labels_of(key)
-                    entry = new[key] = [_target_labels(target.spec.labels, name, labels), -1]
+                    full = _target_labels(target.spec.labels, name, labels)
+                    if limits:
+                        limits.check(name, full)
+                    if not store.has(name, full):
+                        new_series += 1
+                    entry = new[key] = [full, -1]
                 rows.append((entry, value, ts))
         except ExpositionError as exc:
             raise ScrapeError(f"invalid exposition format: {exc}") from exc
         if self.sample_limit and len(rows) > self.sample_limit:
             raise ScrapeError(f"sample limit exceeded: {len(rows)} > {self.sample_limit} (scrape.sample_limit)")
+        if self.new_series_limit and new_series > self.new_series_limit:
+            raise ScrapeError(f"new series limit exceeded: {new_series} series new to the store > "
+                              f"{self.new_series_limit} (scrape.new_series_limit)")
         return _Parsed(rows, new, scanner.samples_total, refused)
 
     def _commit(self, target: Target, parsed: _Parsed, now_ms: int, duration: float, body_bytes: int) -> None:
         store, cache = self.store, target.cache
+        full = 0
         for key, entry in parsed.new.items():
-            entry[0] = store.series(entry[0])  # labels -> the store's series, created once
+            series = store.try_series(entry[0])  # labels -> the store's series, created once
+            if series is None:  # the store holds store.max_series already: this new series is refused
+                full += 1
+                entry[0] = None
+                continue
+            entry[0] = series
             cache[key] = entry
         target.iteration += 1
         it = target.iteration
-        for entry, value, ts in parsed.rows:
+        rows = [r for r in parsed.rows if r[0][0] is not None] if full else parsed.rows
+        for entry, value, ts in rows:
             entry[1] = it
             series, t = entry[0], now_ms if ts is None else ts
             stamps = series.ts
@@ -287,17 +315,23 @@ class Scraper:
         for key in [k for k, e in cache.items() if e[1] != it]:  # gone since the last scrape
             cache.pop(key)[0].mark_stale(now_ms)
         target.health, target.last_error = "up", ""
-        target.samples, target.stored = parsed.samples_total, len(parsed.rows)
-        target.out_of_bounds = len(parsed.refused)
+        target.samples, target.stored = parsed.samples_total, len(rows)
+        target.out_of_bounds, target.refused_series = len(parsed.refused), full
+        notes = []
         if parsed.refused:  # the target stays up, as in Prometheus; last_error says what was dropped
             key, ts = parsed.refused[0]
-            target.last_error = (
+            notes.append(
                 f"{len(parsed.refused)} sample(s) out of bounds (timestamp more than "
                 f"{MAX_AHEAD_MS // 60_000}m after the scrape or older than the store's retention), "
                 f"dropped; first: {key} at {ts} ms, scrape at {now_ms} ms"
             )
             log.warning("Error on ingesting samples that are too old or are too far into the future",
                         target=target.url, job=target.spec.job, num_dropped=len(parsed.refused))
+        if full:
+            notes.append(f"{full} new series refused: the store holds store.max_series={store.max_series} series")
+            log.warning("new series refused: the store is full", target=target.url, job=target.spec.job,
+                        refused=full, max_series=store.max_series)
+        target.last_error = "; ".join(notes)
         self._finish(target, now_ms, duration, body_bytes, up=1.0)
 
     def _record_failure(self, target: Target, now_ms: int, duration: float, error: str, body_bytes: int) -> None:
@@ -306,7 +340,7 @@ class Scraper:
         self._mark_stale(target, now_ms, synthetic=False)
         target.health, target.last_error = "down", error
         target.failures += 1
-        target.samples = target.stored = target.out_of_bounds = 0
+        target.samples = target.stored = target.out_of_bounds = target.refused_series = 0
         self._finish(target, now_ms, duration, body_bytes, up=0.0)
 
     def _finish(self, target: Target, now_ms: int, duration: float, body_bytes: int, up: float) -> None:
@@ -345,6 +379,39 @@ class _Parsed:
     new: dict[str, list[Any]]
     samples_total: int
     refused: list[tuple[str, int]]  # (series text, timestamp) of samples dropped as out of bounds
+
+
+@dataclass(frozen=True, slots=True)
+class _LabelLimits:
+    """Prometheus' label limits (``verifyLabelLimits`` in scrape/scrape.go), checked on the full label
+    set (``__name__`` and target labels included) of each series new to the target's cache; lengths
+    in bytes, as Go's ``len``. 0 = unlimited."""
+
+    count: int
+    name_length: int
+    value_length: int
+
+    def __bool__(self) -> bool:
+        return bool(self.count or self.name_length or self.value_length)
+
+    def check(self, metric: str, labels: Labels) -> None:
+        if self.count and len(labels) > self.count:
+            raise ScrapeError(f"label_limit exceeded (metric: {metric[:50]}, number of labels: {len(labels)}, "
+                              f"limit: {self.count})")
+        for name, value in labels:
+            if self.name_length and (n := len(name.encode())) > self.name_length:
+                raise ScrapeError(f"label_name_length_limit exceeded (metric: {metric[:50]}, label name: "
+                                  f"{name[:50]}, length: {n}, limit: {self.name_length})")
+            if self.value_length and (n := len(value.encode())) > self.value_length:
+                raise ScrapeError(f"label_value_length_limit exceeded (metric: {metric[:50]}, label name: "
+                                  f"{name[:50]}, value: {_go_quote(value[:50])}, length: {n}, "
+                                  f"limit: {self.value_length})")
+
+
+def _go_quote(text: str) -> str:
+    """Go's ``%q`` for the printable text a label value usually is (backslash, quote and control escapes)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{out}"'
 
 
 def _check_content_type(ctype: str) -> bool:

@@ -195,7 +195,21 @@ class ScrapeConfig(ConfigModel):
     timeout: Duration = 10.0
     body_limit: ByteSize = 16 * 2**20
     concurrency: int = Field(default=64, ge=1, le=10_000)
-    sample_limit: int = Field(default=0, ge=0, description="0 = unlimited; above it the scrape fails")
+    # Per-target limits, Prometheus' scrape_config names and messages; over one, the scrape fails and
+    # the target is down with the reason. 0 = unlimited. The defaults are far above what a vLLM or
+    # LMDeploy server sends (its widest series, vllm:cache_config_info, has about 25 labels counting
+    # job and instance; its longest values are model paths and LoRA adapter lists) and low enough
+    # that one broken or hostile target cannot grow the agent's memory without bound.
+    sample_limit: int = Field(default=0, ge=0, description="kept samples per scrape; Prometheus' default, 0")
+    label_limit: int = Field(default=64, ge=0, description="labels per series, __name__ and target labels included")
+    label_name_length_limit: int = Field(default=256, ge=0, description="bytes per label name")
+    label_value_length_limit: int = Field(default=4096, ge=0, description="bytes per label value")
+    # Series new to the store per target per scrape (Prometheus has no such limit; its TSDB grows
+    # until it is out of memory). 10,000 is three times a data-parallel-8 vLLM V1 server's whole
+    # payload (about 400 series per engine), so a first scrape always passes, while a target that
+    # mints tens of thousands of new series every scrape (a request ID or a counter in a label)
+    # fails every scrape instead of adding them until retention drops them.
+    new_series_limit: int = Field(default=10_000, ge=0, description="series new to the store per target per scrape")
 
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> ScrapeConfig:
@@ -274,6 +288,12 @@ class StoreConfig(ConfigModel):
     retention: Duration = 3600.0
     keep: list[str] = Field(default_factory=list, description="metric families to store besides the defaults")
     keep_all: bool = False
+    # Series that scraped targets may create in all (the agent's own series are not counted against
+    # it); beyond it new scraped series are refused, counted in sre_agent_store_refused_series_total
+    # and alerted on (SREAgentStoreSeriesLimitReached). 1,000,000: a thousand vLLM servers at about
+    # a thousand stored series each (a full V1 payload with keep_all; the default keep-list stores
+    # far fewer). Measured at about 6 KiB a series with 1h of 15s samples: ~6 GiB at the cap.
+    max_series: int = Field(default=1_000_000, ge=0, description="0 = unlimited")
 
     @field_validator("retention")
     @classmethod

@@ -385,3 +385,23 @@ async def test_alert_values_are_written_as_prometheus_writes_them(tmp_path: Path
         await agent.stop()
     assert got == want
     assert want[0]["Twenty"] == "2e+01"  # the form this test is about, not the one Python or Go's %v writes
+
+
+async def test_store_series_cap_counted_on_metrics_and_in_the_store(fleet: Fleet) -> None:
+    """With store.max_series reached, new scraped series are refused, targets stay up, and the refusals
+    are on the agent's /metrics and in its store for the SREAgentStoreSeriesLimitReached rule."""
+    agent = Agent(_config(fleet, store={"max_series": 5}, nvml={"enabled": False}))
+    await agent.collect_once()
+    try:
+        assert [t["health"] for t in agent.targets_json()] == ["up", "up", "up"]
+        refused = agent.store.refused_series
+        assert refused > 0 and agent.store.max_series == 5
+        from prometheus_client.exposition import generate_latest
+
+        fams = {f.name: f for f in text_string_to_metric_families(generate_latest(agent.registry).decode())}
+        assert [s.value for s in fams["sre_agent_store_refused_series"].samples] == [refused]
+        assert [s.value for s in fams["sre_agent_store_max_series"].samples] == [5.0]
+        stored = list(agent.store.iter_series([SeriesMatcher("__name__", "=", "sre_agent_store_refused_series_total")]))
+        assert [list(s.vals) for s in stored] == [[float(refused)]]
+    finally:
+        await agent.stop()

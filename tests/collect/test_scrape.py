@@ -50,8 +50,9 @@ def _spec(url: str, **labels: str) -> TargetSpec:
 def _scraper(store: Store | None = None, **kw: float) -> Scraper:
     st = store or Store(3_600_000, KeepList(["vllm:num_requests_waiting", "vllm:num_requests_running"]))
     args = {"timeout_s": 2.0, "body_limit": 1 << 20, "concurrency": 8, **kw}
+    limits = {k: int(v) for k, v in kw.items() if k.endswith("_limit") and k != "body_limit"}
     return Scraper(st, timeout_s=args["timeout_s"], body_limit=int(args["body_limit"]),
-                   concurrency=int(args["concurrency"]), sample_limit=int(kw.get("sample_limit", 0)))
+                   concurrency=int(args["concurrency"]), **limits)
 
 
 async def _pair(http_server: Start, bad: Handler, **kw: float) -> tuple[Scraper, str, str]:
@@ -334,11 +335,18 @@ class _BrokenForOne(Store):
         super().__init__(3_600_000, _BoomKeep(["vllm:num_requests_waiting", "vllm:num_requests_running"]))
         self.broken = broken_instance
 
-    def series(self, labels: tuple[tuple[str, str], ...]) -> Series:
+    def _check(self, labels: tuple[tuple[str, str], ...]) -> None:
         d = dict(labels)
         if d.get("instance") == self.broken and not d["__name__"].startswith(("up", "scrape_")):
             raise RuntimeError("injected store failure")
+
+    def series(self, labels: tuple[tuple[str, str], ...]) -> Series:
+        self._check(labels)
         return super().series(labels)
+
+    def try_series(self, labels: tuple[tuple[str, str], ...]) -> Series | None:
+        self._check(labels)
+        return super().try_series(labels)
 
 
 class _BoomKeep(KeepList):
@@ -416,4 +424,78 @@ async def test_basic_auth_header_sent(http_server: Start) -> None:
     assert sc.targets[url].health == "up", sc.targets[url].last_error
     assert seen["Authorization"] == "Basic " + base64.b64encode(b"bob:pa:ss").decode()
     assert "pa:ss" not in repr(sc.targets[url]) and "pa:ss" not in str(sc.targets_json())
+    await sc.close()
+
+
+@pytest.mark.parametrize(("limit", "body", "error"), [
+    ("label_limit", 'vllm:num_requests_waiting{a="1",b="2",c="3"} 1\n',
+     "label_limit exceeded (metric: vllm:num_requests_waiting, number of labels: 6, limit: 5)"),
+    ("label_name_length_limit", 'vllm:num_requests_waiting{abcdefghijklmnopqrstuvwxyz="1"} 1\n',
+     "label_name_length_limit exceeded (metric: vllm:num_requests_waiting, label name: "
+     "abcdefghijklmnopqrstuvwxyz, length: 26, limit: 25)"),
+    ("label_value_length_limit", 'vllm:num_requests_waiting{model_name="q\\"' + "x" * 60 + '"} 1\n',
+     'label_value_length_limit exceeded (metric: vllm:num_requests_waiting, label name: model_name, '
+     'value: "q\\"' + "x" * 48 + '", length: 62, limit: 25)'),
+])
+async def test_label_limits_fail_the_scrape_with_prometheus_messages(
+        http_server: Start, limit: str, body: str, error: str) -> None:
+    """Over label_limit or a label name/value length limit the scrape fails with Prometheus 2.42's message
+    (metric and name cut to 50, the value quoted, lengths in bytes); nothing of it is stored."""
+    # the good target's series has 5 labels (__name__, engine, instance, job, model_name), none over 25 bytes
+    sc, bad, _ = await _pair(http_server, _reply(body), **{limit: 5 if limit == "label_limit" else 25})
+    t = sc.targets[bad]
+    assert t.health == "down" and t.last_error == error
+    assert _values(sc.store, "vllm:num_requests_waiting", instance=instance_of(bad)) == []
+    assert _values(sc.store, "up", instance=instance_of(bad)) == [0.0]
+    await sc.close()
+
+
+async def test_new_series_limit_counts_series_new_to_the_store(http_server: Start) -> None:
+    """More series new to the store than new_series_limit fails the scrape; series the store holds
+    already (a target back after a failed scrape emptied its cache) do not count."""
+    n = [0]
+
+    async def churn(_: web.Request) -> web.StreamResponse:  # 8 new series every scrape
+        n[0] += 1
+        body = "".join(f'vllm:num_requests_waiting{{req="{n[0]}-{i}"}} 1\n' for i in range(8))
+        return web.Response(text=body, headers={"Content-Type": TEXT})
+
+    steady = "".join(f'vllm:num_requests_waiting{{i="{i}"}} 1\n' for i in range(8))
+    churn_url, steady_url = await http_server(churn), await http_server(_reply(steady))
+    sc = _scraper(new_series_limit=8)
+    sc.set_targets([_spec(churn_url), _spec(steady_url)])
+    await sc.scrape_all()
+    assert sc.targets[churn_url].health == sc.targets[steady_url].health == "up"
+    sc.new_series_limit = 7
+    await sc.scrape_all()
+    t = sc.targets[churn_url]
+    assert t.health == "down"
+    assert t.last_error == "new series limit exceeded: 8 series new to the store > 7 (scrape.new_series_limit)"
+    assert sc.targets[steady_url].health == "up"
+    sc.targets[steady_url].cache.clear()  # as a failed scrape leaves it: every text is new to the cache
+    await sc.scrape_all()
+    assert sc.targets[steady_url].health == "up" and sc.targets[steady_url].stored == 8
+    churned = sc.store.iter_series([SeriesMatcher("instance", "=", instance_of(churn_url)),
+                                    SeriesMatcher("__name__", "=", "vllm:num_requests_waiting")])
+    assert len(list(churned)) == 8  # the first scrape's; none of the refused scrapes' series
+    await sc.close()
+
+
+async def test_full_store_refuses_new_series_alone_and_keeps_up_truthful(http_server: Start) -> None:
+    """With store.max_series reached, a target's new series are refused and counted while its existing
+    series and every target's up and scrape_* series are still written."""
+    store = Store(3_600_000, KeepList(None), max_series=3 + 4)  # the first target's 3 series + its 4 synthetic
+    first = await http_server(_reply("".join(f'a{{i="{i}"}} 1\n' for i in range(3))))
+    second = await http_server(_reply('b{i="0"} 1\nb{i="1"} 1\n'))
+    sc = _scraper(store)
+    sc.set_targets([_spec(first)])
+    await sc.scrape_all()
+    sc.set_targets([_spec(first), _spec(second)])
+    await sc.scrape_all()
+    t = sc.targets[second]
+    assert t.health == "up" and t.stored == 0 and t.refused_series == 2 and store.refused_series == 2
+    assert t.last_error == "2 new series refused: the store holds store.max_series=7 series"
+    assert _values(store, "up", instance=instance_of(second)) == [1.0]
+    assert _values(store, "a") == [1.0] * 6
+    assert sc.targets[first].health == "up" and sc.targets[first].last_error == ""
     await sc.close()

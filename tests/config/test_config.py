@@ -239,3 +239,14 @@ def test_bearer_token_with_basic_auth_is_a_config_error(tmp_path: Path) -> None:
     assert errs == ["targets[0]: give bearer_token or basic_auth, not both (a request has one Authorization header)"]
     errs = _errors(tmp_path, f"file_sd: [{{files: [x.json], {both}}}]\n", env)
     assert errs == ["file_sd[0]: give bearer_token or basic_auth, not both (a request has one Authorization header)"]
+
+
+def test_cardinality_limits_default_on_and_zero_means_unlimited(tmp_path: Path) -> None:
+    """The per-target label/new-series limits and store.max_series are on by default; 0 turns each off."""
+    cfg = load_config(None)
+    sc = cfg.scrape
+    assert (sc.sample_limit, sc.label_limit, sc.label_name_length_limit, sc.label_value_length_limit,
+            sc.new_series_limit, cfg.store.max_series) == (0, 64, 256, 4096, 10_000, 1_000_000)
+    off = load_config(_write(tmp_path, "scrape: {label_limit: 0, new_series_limit: 0}\nstore: {max_series: 0}\n"))
+    assert (off.scrape.label_limit, off.scrape.new_series_limit, off.store.max_series) == (0, 0, 0)
+    assert _errors(tmp_path, "scrape: {new_series_limit: -1}\n")[0].startswith("scrape.new_series_limit:")
