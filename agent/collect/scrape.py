@@ -263,6 +263,7 @@ class Scraper:
         lo, hi = now_ms - self.store.retention_ms, now_ms + MAX_AHEAD_MS
         refused: list[tuple[str, int]] = []
         limits, store, new_series = self.limits, self.store, 0
+        new_limit = self.new_series_limit or float("inf")
         try:
             for key, value, ts in scanner.scan(text):
                 if ts is not None and not lo <= ts <= hi:
@@ -278,15 +279,15 @@ class Scraper:
                         limits.check(name, full)
                     if not store.has(name, full):
                         new_series += 1
+                        if new_series > new_limit:  # stop here: the rest would cost memory and CPU for nothing
+                            raise ScrapeError(f"new series limit exceeded: more than {new_limit} series new to "
+                                              "the store in one scrape (scrape.new_series_limit)")
                     entry = new[key] = [full, -1]
                 rows.append((entry, value, ts))
         except ExpositionError as exc:
             raise ScrapeError(f"invalid exposition format: {exc}") from exc
         if self.sample_limit and len(rows) > self.sample_limit:
             raise ScrapeError(f"sample limit exceeded: {len(rows)} > {self.sample_limit} (scrape.sample_limit)")
-        if self.new_series_limit and new_series > self.new_series_limit:
-            raise ScrapeError(f"new series limit exceeded: {new_series} series new to the store > "
-                              f"{self.new_series_limit} (scrape.new_series_limit)")
         return _Parsed(rows, new, scanner.samples_total, refused)
 
     def _commit(self, target: Target, parsed: _Parsed, now_ms: int, duration: float, body_bytes: int) -> None:

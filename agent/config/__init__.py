@@ -292,7 +292,8 @@ class StoreConfig(ConfigModel):
     # it); beyond it new scraped series are refused, counted in sre_agent_store_refused_series_total
     # and alerted on (SREAgentStoreSeriesLimitReached). 1,000,000: a thousand vLLM servers at about
     # a thousand stored series each (a full V1 payload with keep_all; the default keep-list stores
-    # far fewer). Measured at about 6 KiB a series with 1h of 15s samples: ~6 GiB at the cap.
+    # far fewer). About 5 KiB a series with 1h of 15s samples (1 KiB of labels and objects, measured
+    # by bench/cardinality.py, plus 16 bytes a sample): ~5 GiB at the cap.
     max_series: int = Field(default=1_000_000, ge=0, description="0 = unlimited")
 
     @field_validator("retention")

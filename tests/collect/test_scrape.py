@@ -470,7 +470,8 @@ async def test_new_series_limit_counts_series_new_to_the_store(http_server: Star
     await sc.scrape_all()
     t = sc.targets[churn_url]
     assert t.health == "down"
-    assert t.last_error == "new series limit exceeded: 8 series new to the store > 7 (scrape.new_series_limit)"
+    assert t.last_error == ("new series limit exceeded: more than 7 series new to the store in one scrape "
+                            "(scrape.new_series_limit)")
     assert sc.targets[steady_url].health == "up"
     sc.targets[steady_url].cache.clear()  # as a failed scrape leaves it: every text is new to the cache
     await sc.scrape_all()
