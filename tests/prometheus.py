@@ -1,12 +1,13 @@
 """Test helper: a real Prometheus process evaluating rule files, for differential tests of its HTTP API.
 
 Where the agent must write what Prometheus writes (the ``value`` of an alert in ``/api/v1/alerts``
-and ``/api/v1/rules``), tests compare against the real thing: :class:`Prometheus` starts the
-``prometheus`` binary (Debian's 2.42 in CI) on 127.0.0.1 with a free port, its TSDB in the test's
-directory, no scrape jobs and the given rule files evaluated every second, and waits with a
-deadline for ``/-/ready``. Use it as ``async with Prometheus(tmp_path, [rules]) as prom:``; the
-process is stopped on the way out, also when the test fails. Tests skip with a reason when no
-binary is installed.
+and ``/api/v1/rules``, a target's ``lastError``), tests compare against the real thing:
+:class:`Prometheus` starts the ``prometheus`` binary (Debian's 2.42 in CI) on 127.0.0.1 with a free
+port, its TSDB in the test's directory, the given ``scrape_configs`` (none by default; every
+second) and the given rule files evaluated every second, and waits with a deadline for
+``/-/ready``. Use it as ``async with Prometheus(tmp_path, [rules]) as prom:``; the process is
+stopped on the way out, also when the test fails. Tests skip with a reason when no binary is
+installed.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class Prometheus(GoServer):
 
     NAME = "Prometheus"
 
-    def __init__(self, workdir: Path, rule_files: list[Path], *, evaluation_interval: str = "1s") -> None:
+    def __init__(self, workdir: Path, rule_files: list[Path], *, evaluation_interval: str = "1s",
+                 scrape_configs: list[dict[str, Any]] | None = None) -> None:
         super().__init__(workdir)
         self.rule_files = rule_files
         self.evaluation_interval = evaluation_interval
+        self.scrape_configs = scrape_configs or []  # Prometheus' scrape_configs, for differential scrape tests
 
     def binary(self) -> str:
         return prometheus_binary()
@@ -41,8 +44,9 @@ class Prometheus(GoServer):
     def arguments(self) -> list[str]:
         config = self.workdir / "prometheus.yml"
         config.write_text(json.dumps({  # JSON is YAML
-            "global": {"evaluation_interval": self.evaluation_interval},
+            "global": {"evaluation_interval": self.evaluation_interval, "scrape_interval": "1s"},
             "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": self.scrape_configs,
         }))
         return [f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}"]

@@ -12,6 +12,9 @@ import gzip
 import math
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from aiohttp import web
@@ -22,7 +25,9 @@ from agent.collect.scrape import ACCEPT_HEADER, Scraper
 from agent.config import BasicAuthConfig
 from agent.series import is_stale, labels_from
 from agent.store import AppendResult, KeepList, Series, SeriesMatcher, Store
+from tests.alertmanager import eventually
 from tests.conftest import FIXTURES, Handler
+from tests.prometheus import Prometheus
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 GOOD = (
@@ -500,3 +505,55 @@ async def test_full_store_refuses_new_series_alone_and_keeps_up_truthful(http_se
     assert _values(store, "a") == [1.0] * 6
     assert sc.targets[first].health == "up" and sc.targets[first].last_error == ""
     await sc.close()
+
+
+LIMIT_CASES = {  # Prometheus scrape_config limit -> (value, payload over it)
+    "label_limit": (5, 'vllm:num_requests_waiting{a="1",b="2",c="3"} 1\n'),
+    "label_name_length_limit": (25, 'vllm:num_requests_waiting{abcdefghijklmnopqrstuvwxyz="1"} 1\n'),
+    "label_value_length_limit": (25, 'vllm:num_requests_waiting{model_name="q\\"' + "x" * 60 + '"} 1\n'),
+}
+
+
+async def test_limits_and_time_bounds_match_real_prometheus(http_server: Start, tmp_path: Path) -> None:
+    """The same payloads scraped by a real Prometheus 2.42 and by the agent: identical lastError for each
+    label limit; a sample 1h ahead is dropped and one 9m ahead kept by both, the target staying up."""
+    async def ahead(_: web.Request) -> web.StreamResponse:
+        now = int(time.time() * 1000)
+        body = (f'vllm:num_requests_waiting{{at="9m"}} 1 {now + 9 * 60_000}\n'
+                f'vllm:num_requests_waiting{{at="1h"}} 1 {now + 3_600_000}\n')
+        return web.Response(text=body, headers={"Content-Type": TEXT})
+
+    urls = {name: await http_server(_reply(body)) for name, (_, body) in LIMIT_CASES.items()}
+    urls["ahead"] = await http_server(ahead)
+    jobs = [{"job_name": name, "static_configs": [{"targets": [instance_of(url)]}],
+             **({name: LIMIT_CASES[name][0]} if name in LIMIT_CASES else {})} for name, url in urls.items()]
+    async with Prometheus(tmp_path, [], scrape_configs=jobs) as prom:
+        async def scraped() -> dict[str, dict[str, Any]] | None:
+            active = (await prom.api("targets"))["activeTargets"]
+            done = {t["scrapePool"]: t for t in active if t["health"] != "unknown"}
+            return done if len(done) == len(urls) else None
+
+        theirs = await eventually(scraped, what="Prometheus to scrape every target")
+        ahead_kept = await eventually(
+            lambda: _query(prom, 'vllm:num_requests_waiting{job="ahead"}', time.time() + 9 * 60),
+            what="the +9m sample in Prometheus")
+        assert [r["metric"]["at"] for r in ahead_kept] == ["9m"]
+        assert await _query(prom, 'vllm:num_requests_waiting{job="ahead"}', time.time() + 3600, empty=True) == []
+    for name, url in urls.items():
+        limit = {name: LIMIT_CASES[name][0]} if name in LIMIT_CASES else {}
+        sc = _scraper(**limit)
+        sc.set_targets([_spec(url)])
+        await sc.scrape_all()
+        ours = sc.targets[url]
+        if name in LIMIT_CASES:
+            assert ours.health == theirs[name]["health"] == "down", name
+            assert ours.last_error == theirs[name]["lastError"] and ours.last_error.startswith(f"{name} exceeded")
+        else:
+            assert ours.health == theirs[name]["health"] == "up" and ours.out_of_bounds == 1
+            assert [dict(x.labels)["at"] for x in sc.store.iter_series([SeriesMatcher("at", "!=", "")])] == ["9m"]
+        await sc.close()
+
+
+async def _query(prom: Prometheus, expr: str, at: float, *, empty: bool = False) -> list[Any] | None:
+    result: list[Any] = (await prom.api(f"query?query={quote(expr)}&time={at}"))["result"]
+    return result if result or empty else None
