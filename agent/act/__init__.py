@@ -19,6 +19,7 @@ and ``sre_agent_state_write_failures_total`` counts the failures (``SREAgentStat
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ from agent.act.routing import Router
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink, registry
 from agent.act.state import StateDB
+from agent.act.state.history import MAX_SILENCE_MS
 from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
 from agent.errors import StateError
@@ -303,16 +305,23 @@ class ActLayer:
         matchers = body.get("matchers")
         if not isinstance(matchers, list) or not matchers or not all(isinstance(m, str) for m in matchers):
             raise ValueError("matchers must be a non-empty list of strings like 'alertname=\"X\"'")
+        unknown = sorted(set(body) - _SILENCE_KEYS)
+        if unknown:
+            names = ", ".join(repr(k[:40]) for k in unknown[:5])
+            raise ValueError(f"unknown key(s) {names}; a silence takes {', '.join(sorted(_SILENCE_KEYS))}")
+        created_by, comment = body.get("createdBy", "api"), body.get("comment", "")
+        for name, text in (("createdBy", created_by), ("comment", comment)):
+            if not isinstance(text, str) or len(text) > _MAX_TEXT:
+                raise ValueError(f"{name} must be a string of at most {_MAX_TEXT} characters")
         now_ms = self.now_ms()
-        if "endsAt" in body:
-            ends_ms = int(float(body["endsAt"]) * 1000)
-        else:
-            ends_ms = now_ms + int(parse_duration(body.get("duration", "1h")) * 1000)
+        ends_ms = _silence_end_ms(body, now_ms)
         if ends_ms <= now_ms:
             raise ValueError("the silence would end in the past")
-        silence = await self.db.run(self.db.silences.add, [str(m) for m in matchers], starts_ms=now_ms,
-                                    ends_ms=ends_ms, created_by=str(body.get("createdBy", "api")),
-                                    comment=str(body.get("comment", "")))
+        try:
+            silence = await self.db.run(self.db.silences.add, list(matchers), starts_ms=now_ms,
+                                        ends_ms=ends_ms, created_by=created_by, comment=comment)
+        except RecursionError as exc:  # a pathological regex the matcher parser did not catch itself
+            raise ValueError("a matcher is nested too deeply") from exc
         log.info("silence added", id=silence.id, matchers=matchers, ends_ms=ends_ms)
         self.views = await self.db.run(self._read_views)
         return {"silenceID": silence.id}
@@ -325,6 +334,31 @@ class ActLayer:
     async def silences_json(self) -> list[dict[str, Any]]:
         silences = await self.db.run(self.db.silences.list, now_ms=self.now_ms(), include_expired=True)
         return [s.to_json() for s in silences]
+
+
+_SILENCE_KEYS = frozenset({"matchers", "duration", "endsAt", "createdBy", "comment"})
+_MAX_TEXT = 4096
+_MAX_SILENCE_S = MAX_SILENCE_MS / 1000
+
+
+def _silence_end_ms(body: dict[str, Any], now_ms: int) -> int:
+    """The silence's end from ``endsAt`` (Unix seconds, a finite number) or ``duration`` (``2h``)."""
+    if "endsAt" in body and "duration" in body:
+        raise ValueError("give endsAt or duration, not both")
+    if "endsAt" in body:
+        ends = body["endsAt"]
+        if isinstance(ends, bool) or not isinstance(ends, int | float):
+            raise ValueError(f"endsAt must be a number (Unix seconds), not {type(ends).__name__}")
+        if not math.isfinite(ends) or not now_ms / 1000 - _MAX_SILENCE_S < ends < now_ms / 1000 + _MAX_SILENCE_S:
+            raise ValueError(f"endsAt must be a Unix time within 10 years of now (got {ends!r:.40})")
+        return int(ends * 1000)
+    duration = body.get("duration", "1h")
+    if not isinstance(duration, str):
+        raise ValueError(f"duration must be a string like '2h' or '90m', not {type(duration).__name__}")
+    seconds = parse_duration(duration[:64])
+    if seconds > _MAX_SILENCE_S:
+        raise ValueError(f"duration {duration[:64]!r} is longer than the 10 years a silence may last")
+    return now_ms + int(seconds * 1000)
 
 
 class ActCollector(Collector):

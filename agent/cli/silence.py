@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.act.state import Incident, IncidentEvent, StateDB
+from agent.act.state.history import MAX_SILENCE_MS
 from agent.app.logs import configure_logging
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.config import format_duration, load_config, parse_duration
@@ -134,6 +135,8 @@ def _table(header: Sequence[str], rows: list[list[str]]) -> list[str]:
 def _silence_add(args: argparse.Namespace, *, clock: Clock = time.time) -> int:
     try:
         seconds = parse_duration(args.duration)
+        if seconds * 1000 > MAX_SILENCE_MS:
+            raise ValueError(f"--duration {args.duration!r} is longer than the 10 years a silence may last")
         start_ms = _parse_start(args.start) if args.start else _now_ms(clock)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -376,10 +376,15 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            byte = exc.object[exc.start]
+            raise ConfigError(f"{path}: not UTF-8 text (byte {byte:#04x} at offset {exc.start})") from exc
         try:
             data = yamlv3.load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        except RecursionError as exc:
+            raise ConfigError(f"{path}: not valid YAML: nested too deeply") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys (targets, scrape, ...)")
     try:

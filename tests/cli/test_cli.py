@@ -74,6 +74,17 @@ def test_check_bad_config_exits_2_with_key_paths(tmp_path: Path) -> None:
     assert "config error: scrape.interval: not a duration: 'fast'" in res.stderr
 
 
+@pytest.mark.parametrize(("content", "message"), [(b"\xff\xfe\x00garbage", "not UTF-8"),
+                                                  (b"[" * 100_000 + b"]" * 100_000, "nested too deeply")])
+def test_check_unreadable_config_exits_2_without_traceback(tmp_path: Path, content: bytes, message: str) -> None:
+    """A binary or absurdly nested config file exits 2 with one line and no traceback."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_bytes(content)
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 2
+    assert message in res.stderr and "Traceback" not in res.stderr
+
+
 def test_run_once_prints_targets_json(tmp_path: Path, simulator: list[str]) -> None:
     """run --once scrapes and evaluates once and prints {targets, alerts} JSON; a dead target is down, exit 0."""
     cfg = tmp_path / "a.yaml"

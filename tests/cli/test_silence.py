@@ -225,3 +225,13 @@ def test_silence_round_trip_through_the_command(tmp_path: Path) -> None:
     assert cli("silence", "list").stdout.splitlines()[1:] == []
     [row] = cli("silence", "list", "--all").stdout.splitlines()[1:]
     assert row.split()[0] == sid and "expired" in row.split()
+
+
+@pytest.mark.parametrize(("duration", "reason"), [("99999999999h", "10 years"), ("-5m", "not a duration"),
+                                                  ("", "not a duration")])
+def test_silence_add_absurd_durations_exit_2_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               duration: str, reason: str) -> None:
+    """An absurd duration exits 2 with one error line and no traceback."""
+    rc, out, err = run(capsys, "silence", "add", 'a="1"', f"--duration={duration}", "--db", str(tmp_path / "s.db"))
+    assert (rc, out) == (2, "")
+    assert reason in err and "Traceback" not in err

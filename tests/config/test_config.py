@@ -250,3 +250,13 @@ def test_cardinality_limits_default_on_and_zero_means_unlimited(tmp_path: Path) 
     off = load_config(_write(tmp_path, "scrape: {label_limit: 0, new_series_limit: 0}\nstore: {max_series: 0}\n"))
     assert (off.scrape.label_limit, off.scrape.new_series_limit, off.store.max_series) == (0, 0, 0)
     assert _errors(tmp_path, "scrape: {new_series_limit: -1}\n")[0].startswith("scrape.new_series_limit:")
+
+
+def test_binary_or_deeply_nested_config_is_a_config_error(tmp_path: Path) -> None:
+    """A file that is not UTF-8, or YAML nested 100k deep, is a ConfigError (exit 2), not a traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(_write(tmp_path, "[" * 100_000 + "]" * 100_000))

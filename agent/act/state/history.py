@@ -18,9 +18,16 @@ from agent.act.state.connection import Table, dumps
 from agent.act.state.records import Incident, IncidentEvent, Silence, iso_ms
 from agent.matchers import parse_matcher
 
-__all__ = ["Incidents", "Silences"]
+__all__ = ["MAX_SILENCE_MS", "Incidents", "Silences"]
 
 log = structlog.get_logger(__name__)
+
+#: The longest silence the API and the CLI create: ten years; longer is a mistake (``99999999999h``).
+MAX_SILENCE_MS = 10 * 366 * 86_400_000
+#: Times the table stores: from 1970 to the end of year 9999, the range RFC 3339 can write.
+_LAST_MS = 253_402_300_799_999
+MAX_MATCHERS = 64
+MAX_MATCHER_CHARS = 1024
 
 
 class Silences(Table):
@@ -28,11 +35,21 @@ class Silences(Table):
 
     def add(self, matchers: list[str], *, starts_ms: int, ends_ms: int, created_by: str, comment: str) -> Silence:
         """Store a silence; ``ValueError`` (with the reason) for a bad matcher or time range."""
-        parsed = [parse_matcher(t) for t in matchers]
+        if len(matchers) > MAX_MATCHERS:
+            raise ValueError(f"a silence takes at most {MAX_MATCHERS} matchers (got {len(matchers)})")
+        for t in matchers:
+            if len(t) > MAX_MATCHER_CHARS:
+                raise ValueError(f"matcher too long ({len(t)} characters; at most {MAX_MATCHER_CHARS}): {t[:40]!r}...")
+        try:
+            parsed = [parse_matcher(t) for t in matchers]
+        except RecursionError as exc:
+            raise ValueError("a matcher's regular expression is nested too deeply") from exc
         if not parsed:
             raise ValueError("a silence needs at least one matcher")
         if all(m.matches({}) for m in parsed):
             raise ValueError("at least one matcher must not match the empty string (it would silence everything)")
+        if not (0 <= starts_ms <= _LAST_MS and 0 <= ends_ms <= _LAST_MS):
+            raise ValueError("a silence must start and end between 1970 and the end of year 9999")
         if ends_ms <= starts_ms:
             raise ValueError(f"the silence ends ({iso_ms(ends_ms)}) before it starts ({iso_ms(starts_ms)})")
         s = Silence(str(uuid.uuid4()), [str(m) for m in parsed], starts_ms, ends_ms, created_by, comment)
