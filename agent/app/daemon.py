@@ -13,6 +13,7 @@ the HTTP server and sessions close.
 from __future__ import annotations
 
 import asyncio
+import resource
 import socket
 import time
 import types
@@ -23,12 +24,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 import structlog
-from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from agent.act import ActCollector, ActLayer
-from agent.app.server import build_app, serve
+from agent.app.connections import AcceptErrorLog
+from agent.app.server import (
+    BACKLOG,
+    FD_RESERVE,
+    HttpCollector,
+    HttpServer,
+    build_app,
+    descriptors_needed,
+    new_guard,
+    serve,
+    server_status,
+)
 from agent.app.telemetry import AgentCollector, build_registry
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
 from agent.collect import catalog
@@ -121,13 +132,16 @@ class Agent:
         self._nvml_started = False
         self._nvml_samples: list[Observation] = []
         self.stats = _Stats()
+        self.http_guard = new_guard(config.server)
+        self._accept_log = AcceptErrorLog()
         self.registry = build_registry(
             AgentCollector(self.scraper, self.store, lambda: self._nvml_samples, self.stats, self.rules),
             ActCollector(self.act),
             DiagnosticsCollector(self.diagnostics),
+            HttpCollector(self.http_guard, self._accept_log),
         )
         self._scheduler: AsyncIOScheduler | None = None
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self.port: int | None = None
 
     # -- state for the HTTP layer -------------------------------------------------
@@ -175,12 +189,26 @@ class Agent:
             "file_sd_errors": self.file_sd.errors() if self.file_sd else {},
             "scrape_cycles": self.stats.scrape_cycles,
             "state": self._state_json(),
+            "server": server_status(self.config.server, self.http_guard) | {"warnings": self.server_warnings()},
         }
 
     def _state_json(self) -> dict[str, Any]:
         h = self.act.health
         return {"path": self.config.state.path, "degraded": self.degraded is not None, "reason": self.degraded or "",
                 "write_failures": h.write_failures, "held": h.held}
+
+    def server_warnings(self) -> list[str]:
+        """:meth:`ServerConfig.warnings` plus whether the file-descriptor budget fits (module docstring of
+        :mod:`agent.app.connections`): HTTP connections + scrape connections + a reserve under ``ulimit -n``."""
+        out: list[str] = []
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        server, concurrency = self.config.server, self.config.scrape.concurrency
+        need = descriptors_needed(server, concurrency)
+        if soft != resource.RLIM_INFINITY and need > soft:
+            out.append(f"server.max_connections ({server.max_connections}) + 2 x {BACKLOG} accepted at once + "
+                       f"scrape.concurrency ({concurrency}) + {FD_RESERVE} for files = {need} file descriptors, "
+                       f"over the open-file limit ({soft}): raise ulimit -n or lower server.max_connections")
+        return out
 
     # -- jobs ------------------------------------------------------------------------
     async def scrape_cycle(self) -> None:
@@ -277,8 +305,13 @@ class Agent:
     async def start(self, *, serve_http: bool = True) -> None:
         cfg = self.config
         if serve_http:
-            self._runner, self.port = await serve(build_app(self), cfg.server.host, cfg.server.port)
-            log.info("serving", listen=f"{cfg.server.host}:{self.port}")
+            app = build_app(self, cfg.server, self.http_guard)
+            self._http = await serve(app, cfg.server, self._accept_log)
+            self.port = self._http.port
+            log.info("serving", listen=f"{cfg.server.host}:{self.port}",
+                     max_connections=cfg.server.max_connections)
+            for warning in self.server_warnings():
+                log.warning("check the HTTP endpoint settings", problem=warning)
         sched = AsyncIOScheduler()
         first = datetime.now(UTC)  # run immediately, then every interval
         sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval, id="scrape",
@@ -314,9 +347,9 @@ class Agent:
         await self.scraper.close()
         await self.diagnostics.stop()
         await self.act.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         if self.nvml is not None:
             await asyncio.to_thread(self.nvml.shutdown)
         log.info("agent stopped")

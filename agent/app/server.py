@@ -7,17 +7,60 @@ runs but cannot keep its promises (state database writes failing: notifications 
 memory only), so it never reads healthy while every dispatch round fails. JSON endpoints use Prometheus' API
 envelope ``{"status": "success", "data": ...}`` so tools that read Prometheus' API
 read ours.
+
+The endpoint is hardened because it shares a process with the scraper:
+
+* **limits** (:mod:`agent.app.connections`): a deadline for each request head, a cap on
+  connections, a keep-alive timeout, a body size cap and a body read deadline, so half-sent
+  requests cannot take the file descriptors the scraper needs or keep ``/healthz`` from answering.
+* **bad input** is answered ``400`` naming the problem (or ``413``/``408`` for a body too big or
+  too slow); an unexpected exception is logged once with its traceback and answered a generic
+  ``500``, a path no input should reach.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
 
+import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
-__all__ = ["AgentView", "build_app", "serve"]
+from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
+from agent.config import ServerConfig
+
+__all__ = [
+    "BACKLOG",
+    "GUARD",
+    "AgentView",
+    "HttpCollector",
+    "HttpServer",
+    "build_app",
+    "descriptors_needed",
+    "new_guard",
+    "serve",
+    "server_status",
+]
+
+log = structlog.get_logger(__name__)
+
+_MAX_INCIDENTS = 1000
+#: The listen backlog, which asyncio also uses as the number of connections it accepts in one go,
+#: before the guard sees any of them: so up to two batches beyond max_connections hold descriptors
+#: for a moment (one being admitted, one accepted meanwhile while evicted ones are still closing).
+BACKLOG = 64
+#: Descriptors besides HTTP and scrape connections: state database, tailed logs, NVML, sinks, listener.
+FD_RESERVE = 64
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: The app's connection guard: its middleware marks requests, :func:`serve` wraps the protocol with it.
+GUARD = web.AppKey("guard", ConnectionGuard)
 
 
 class AgentView(Protocol):
@@ -48,15 +91,103 @@ class AgentView(Protocol):
     async def expire_silence(self, silence_id: str) -> bool: ...
 
 
+class _BadRequest(Exception):
+    """A request the API refuses; answered with ``status`` and ``message`` (never escapes this module)."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "bad_data") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
 def _ok(data: Any) -> web.Response:
     return web.json_response({"status": "success", "data": data})
 
 
-def _error(status: int, kind: str, message: str) -> web.Response:
-    return web.json_response({"status": "error", "errorType": kind, "error": message}, status=status)
+def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"status": "error", "errorType": kind, "error": message}, status=status,
+                             headers=headers)
 
 
-def build_app(agent: AgentView) -> web.Application:
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _type_name(value: object) -> str:
+    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+async def read_json_object(request: web.Request, *, timeout_s: float) -> dict[str, Any]:
+    """The request body as a JSON object, or :class:`_BadRequest` saying what is wrong with it."""
+    guard = request.app[GUARD]
+    if "Content-Type" in request.headers:
+        ctype = request.content_type
+        if ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
+            raise _BadRequest(f"Content-Type must be application/json, not {ctype!r} "
+                              "(with curl: -H 'Content-Type: application/json')")
+    guard.reading_body(request.transport, True)  # evictable at the connection cap meanwhile
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()  # over client_max_size: aiohttp raises 413
+    except TimeoutError as exc:
+        raise _BadRequest(f"the request body did not arrive within {timeout_s:g}s", 408, "timeout") from exc
+    except ConnectionError as exc:  # the client went away, or the guard closed it for a newer one
+        raise _BadRequest("the connection closed before the body arrived") from exc
+    finally:
+        guard.reading_body(request.transport, False)
+    if not raw.strip():
+        raise _BadRequest("the body is empty; expected a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _BadRequest(f"the body is not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise _BadRequest("the body's JSON is nested too deeply") from exc
+    except ValueError as exc:  # json.JSONDecodeError, NaN/Infinity, integers over 4300 digits
+        raise _BadRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise _BadRequest(f"the body must be a JSON object, not {_type_name(data)}")
+    return data
+
+
+def _limit(request: web.Request) -> int:
+    text = request.query.get("limit", "50")
+    try:
+        limit = int(text) if len(text) <= 10 else None
+    except ValueError:
+        limit = None
+    if limit is None or not 1 <= limit <= _MAX_INCIDENTS:
+        raise _BadRequest(f"limit must be an integer from 1 to {_MAX_INCIDENTS}, not {text[:40]!r}")
+    return limit
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Refusals become JSON errors; anything unexpected is logged once and answered a generic 500."""
+    try:
+        return await handler(request)
+    except _BadRequest as exc:
+        return _error(exc.status, exc.kind, str(exc))
+    except web.HTTPException:  # aiohttp's own answers: 404, 405, 413 ...
+        raise
+    except Exception:
+        log.exception("unexpected error answering a request", method=request.method, path=request.path)
+        return _error(500, "internal", "internal error; the agent's log has the details")
+
+
+def new_guard(config: ServerConfig) -> ConnectionGuard:
+    return ConnectionGuard(max_connections=config.max_connections, header_timeout_s=config.header_timeout)
+
+
+def build_app(agent: AgentView, config: ServerConfig | None = None,
+              guard: ConnectionGuard | None = None) -> web.Application:
+    cfg = config or ServerConfig()
+    guard = guard or new_guard(cfg)
+    body_timeout = cfg.body_timeout
+
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(agent.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -85,26 +216,17 @@ def build_app(agent: AgentView) -> web.Application:
         return _ok(agent.status_json())
 
     async def incidents(request: web.Request) -> web.Response:
-        try:
-            limit = int(request.query.get("limit", "50"))
-        except ValueError:
-            return _error(400, "bad_data", "limit must be an integer")
-        return _ok({"incidents": await agent.incidents_json(max(1, min(limit, 1000)))})
+        return _ok({"incidents": await agent.incidents_json(_limit(request))})
 
     async def silences(_: web.Request) -> web.Response:
         return _ok({"silences": await agent.silences_json()})
 
     async def add_silence(request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "bad_data", "body must be JSON")
-        if not isinstance(body, dict):
-            return _error(400, "bad_data", "body must be a JSON object")
+        body = await read_json_object(request, timeout_s=body_timeout)
         try:
             return _ok(await agent.add_silence(body))
-        except ValueError as exc:
-            return _error(400, "bad_data", str(exc))
+        except ValueError as exc:  # a bad matcher, duration or time range, named by the act layer
+            raise _BadRequest(str(exc)) from exc
 
     async def expire_silence(request: web.Request) -> web.Response:
         if await agent.expire_silence(request.match_info["id"]):
@@ -117,7 +239,9 @@ def build_app(agent: AgentView) -> web.Application:
             "/api/v1/status  /api/v1/incidents  /api/v1/silences\n"
         )
 
-    app = web.Application()
+    middlewares: list[Any] = [guard_middleware(guard), _errors]
+    app = web.Application(middlewares=middlewares, client_max_size=cfg.body_limit)
+    app[GUARD] = guard
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -133,11 +257,80 @@ def build_app(agent: AgentView) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving; returns the runner (to clean up) and the bound port (for port 0)."""
-    runner = web.AppRunner(app, access_log=None)
+@dataclass
+class HttpServer:
+    """A serving endpoint: ``port`` is the bound port (for ``listen: ...:0``); :meth:`close` stops it."""
+
+    runner: web.AppRunner
+    server: asyncio.Server
+    guard: ConnectionGuard
+    accept_log: AcceptErrorLog
+    port: int
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.runner.cleanup()  # lets in-flight handlers finish, closes keep-alive connections
+        self.guard.close_all()
+        self.accept_log.uninstall()
+
+
+async def serve(app: web.Application, config: ServerConfig, accept_log: AcceptErrorLog | None = None) -> HttpServer:
+    """Start serving ``app`` (from :func:`build_app`) with the limits in ``config``."""
+    guard = app[GUARD]
+    accept_log = accept_log or AcceptErrorLog()
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.keepalive_timeout,
+                           max_line_size=8190, max_field_size=8190, max_headers=100, lingering_time=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    return runner, int(bound)
+    assert runner.server is not None
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(
+            guard.factory(runner.server), config.host, config.port, backlog=BACKLOG, reuse_address=True,
+        )
+    except BaseException:
+        await runner.cleanup()
+        raise
+    accept_log.install(loop)
+    bound = int(server.sockets[0].getsockname()[1]) if server.sockets else config.port
+    return HttpServer(runner, server, guard, accept_log, bound)
+
+
+def descriptors_needed(config: ServerConfig, scrape_concurrency: int) -> int:
+    """The open-file budget the endpoint and the scraper need together (compare with ``ulimit -n``)."""
+    return config.max_connections + 2 * BACKLOG + scrape_concurrency + FD_RESERVE
+
+
+def server_status(config: ServerConfig, guard: ConnectionGuard | None) -> dict[str, Any]:
+    """The endpoint's load for ``/api/v1/status``."""
+    return {
+        "listen": config.listen,
+        "connections": guard.open if guard is not None else 0,
+        "max_connections": config.max_connections,
+    }
+
+
+class HttpCollector(Collector):
+    """The endpoint's connections on /metrics: held now, and closed by the guard by reason."""
+
+    def __init__(self, guard: ConnectionGuard, accept_log: AcceptErrorLog) -> None:
+        self._guard = guard
+        self._accept_log = accept_log
+
+    def collect(self) -> Iterator[Metric]:
+        g = self._guard
+        held = GaugeMetricFamily("sre_agent_http_connections", "HTTP connections held now, by state.",
+                                 labels=["state"])
+        states = g.states()
+        for state in ("head", "body", "busy", "idle"):
+            held.add_metric([state], states.get(state, 0))
+        closed = CounterMetricFamily("sre_agent_http_connections_closed",
+                                     "HTTP connections the agent closed: header_timeout, evicted (for a newer "
+                                     "one at server.max_connections) or rejected (all busy).", labels=["reason"])
+        for reason in ("header_timeout", "evicted", "rejected"):
+            closed.add_metric([reason], g.closed.get(reason, 0))
+        accepted = CounterMetricFamily("sre_agent_http_connections_accepted", "HTTP connections accepted.")
+        accepted.add_metric([], g.accepted)
+        errors = CounterMetricFamily("sre_agent_http_accept_errors",
+                                     "accept() failures for lack of file descriptors or memory.")
+        errors.add_metric([], self._accept_log.errors)
+        yield from (held, closed, accepted, errors)

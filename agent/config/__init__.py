@@ -233,7 +233,21 @@ class NvmlConfig(ConfigModel):
 
 
 class ServerConfig(ConfigModel):
+    """The HTTP endpoint and its resource limits.
+
+    The limits protect the process, not just the endpoint: every connection holds a file
+    descriptor, and the scraper needs ``scrape.concurrency`` of them from the same budget
+    (``ulimit -n``, often 1024). A request head must arrive within ``header_timeout`` and a body
+    within ``body_timeout``; at ``max_connections`` the oldest connection that is idle or still
+    sending its head is closed to make room.
+    """
+
     listen: str = "127.0.0.1:9400"
+    max_connections: int = Field(default=256, ge=8, le=100_000)
+    header_timeout: Duration = 10.0
+    body_timeout: Duration = 30.0
+    keepalive_timeout: Duration = 60.0
+    body_limit: ByteSize = 2**20
 
     @field_validator("listen")
     @classmethod
@@ -243,6 +257,20 @@ class ServerConfig(ConfigModel):
             raise ValueError(f"not host:port: {v!r}")
         return v
 
+    @field_validator("header_timeout", "body_timeout", "keepalive_timeout")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if not 0 < v <= 3600:
+            raise ValueError("must be positive and at most 1h")
+        return v
+
+    @field_validator("body_limit")
+    @classmethod
+    def _body_limit(cls, v: int) -> int:
+        if not 1024 <= v <= 64 * 2**20:
+            raise ValueError("must be between 1KiB and 64MiB")
+        return v
+
     @property
     def host(self) -> str:
         return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
@@ -250,6 +278,7 @@ class ServerConfig(ConfigModel):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
 
 
 def bundled_rules_dir() -> Path:

@@ -252,6 +252,16 @@ def test_cardinality_limits_default_on_and_zero_means_unlimited(tmp_path: Path) 
     assert _errors(tmp_path, "scrape: {new_series_limit: -1}\n")[0].startswith("scrape.new_series_limit:")
 
 
+def test_server_defaults_and_limits(tmp_path: Path) -> None:
+    """server has safe defaults (256 connections, 10s head deadline) and checks its limits."""
+    s = load_config(None).server
+    assert (s.max_connections, s.header_timeout, s.body_timeout, s.keepalive_timeout, s.body_limit) == (
+        256, 10.0, 30.0, 60.0, 2**20)
+    errs = _errors(tmp_path, "server: {max_connections: 0, header_timeout: 0s, body_limit: 1GiB}\n")
+    assert sorted(e.split(":")[0] for e in errs) == ["server.body_limit", "server.header_timeout",
+                                                     "server.max_connections"]
+
+
 def test_binary_or_deeply_nested_config_is_a_config_error(tmp_path: Path) -> None:
     """A file that is not UTF-8, or YAML nested 100k deep, is a ConfigError (exit 2), not a traceback."""
     bad = tmp_path / "bad.yaml"
