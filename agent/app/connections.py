@@ -30,6 +30,9 @@ aiohttp internals are touched:
 * **accept errors**: should the process still run out of descriptors, asyncio reports every
   failed ``accept()`` (EMFILE) through the loop's exception handler with a traceback, once a
   second. :class:`AcceptErrorLog` turns that into one warning per minute with a count.
+
+TLS handshakes happen before the proxy sees a connection; they are bounded by asyncio's
+``ssl_handshake_timeout``, which :func:`agent.app.server.serve` sets to the head deadline.
 """
 
 from __future__ import annotations

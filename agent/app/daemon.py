@@ -200,7 +200,7 @@ class Agent:
     def server_warnings(self) -> list[str]:
         """:meth:`ServerConfig.warnings` plus whether the file-descriptor budget fits (module docstring of
         :mod:`agent.app.connections`): HTTP connections + scrape connections + a reserve under ``ulimit -n``."""
-        out: list[str] = []
+        out = self.config.server.warnings()
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         server, concurrency = self.config.server, self.config.scrape.concurrency
         need = descriptors_needed(server, concurrency)
@@ -308,7 +308,8 @@ class Agent:
             app = build_app(self, cfg.server, self.http_guard)
             self._http = await serve(app, cfg.server, self._accept_log)
             self.port = self._http.port
-            log.info("serving", listen=f"{cfg.server.host}:{self.port}",
+            log.info("serving", listen=f"{cfg.server.host}:{self.port}", tls=cfg.server.tls is not None,
+                     auth="bearer" if cfg.server.auth.bearer_token is not None else "none",
                      max_connections=cfg.server.max_connections)
             for warning in self.server_warnings():
                 log.warning("check the HTTP endpoint settings", problem=warning)

@@ -13,6 +13,9 @@ The endpoint is hardened because it shares a process with the scraper:
 * **limits** (:mod:`agent.app.connections`): a deadline for each request head, a cap on
   connections, a keep-alive timeout, a body size cap and a body read deadline, so half-sent
   requests cannot take the file descriptors the scraper needs or keep ``/healthz`` from answering.
+* **authentication**: with ``server.auth`` a bearer token (compared in constant time) is required
+  for every mutating request, and for reads too with ``protect_reads``; ``/healthz`` and
+  ``/readyz`` stay open. ``server.tls`` serves HTTPS.
 * **bad input** is answered ``400`` naming the problem (or ``413``/``408`` for a body too big or
   too slow); an unexpected exception is logged once with its traceback and answered a generic
   ``500``, a path no input should reach.
@@ -21,7 +24,9 @@ The endpoint is hardened because it shares a process with the scraper:
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
@@ -35,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
 from agent.config import ServerConfig
+from agent.errors import ConfigError
 
 __all__ = [
     "BACKLOG",
@@ -51,6 +57,8 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes never need the token
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _MAX_INCIDENTS = 1000
 #: The listen backlog, which asyncio also uses as the number of connections it accepts in one go,
 #: before the guard sees any of them: so up to two batches beyond max_connections hold descriptors
@@ -178,6 +186,22 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
         return _error(500, "internal", "internal error; the agent's log has the details")
 
 
+def _auth(token: str, protect_reads: bool) -> Any:
+    expected = token.encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        if request.path in _OPEN_PATHS or (request.method in _SAFE_METHODS and not protect_reads):
+            return await handler(request)
+        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("utf-8", "replace"), expected):
+            return _error(401, "unauthorized", "this endpoint needs 'Authorization: Bearer <token>' "
+                          "with the token in server.auth", headers={"WWW-Authenticate": 'Bearer realm="sre-agent"'})
+        return await handler(request)
+
+    return auth
+
+
 def new_guard(config: ServerConfig) -> ConnectionGuard:
     return ConnectionGuard(max_connections=config.max_connections, header_timeout_s=config.header_timeout)
 
@@ -240,6 +264,9 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         )
 
     middlewares: list[Any] = [guard_middleware(guard), _errors]
+    token = cfg.auth.bearer_token
+    if token is not None:
+        middlewares.append(_auth(token.get_secret_value(), cfg.auth.protect_reads))
     app = web.Application(middlewares=middlewares, client_max_size=cfg.body_limit)
     app[GUARD] = guard
     app.router.add_get("/", index)
@@ -255,6 +282,18 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
     app.router.add_post("/api/v1/silences", add_silence)
     app.router.add_delete("/api/v1/silences/{id}", expire_silence)
     return app
+
+
+def _ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    if config.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+    except OSError as exc:  # checked when the config loaded; the files changed since
+        raise ConfigError(f"server.tls: cannot load the certificate and key: {exc}") from exc
+    return ctx
 
 
 @dataclass
@@ -283,9 +322,11 @@ async def serve(app: web.Application, config: ServerConfig, accept_log: AcceptEr
     await runner.setup()
     assert runner.server is not None
     loop = asyncio.get_running_loop()
+    ctx = _ssl_context(config)
     try:
         server = await loop.create_server(
-            guard.factory(runner.server), config.host, config.port, backlog=BACKLOG, reuse_address=True,
+            guard.factory(runner.server), config.host, config.port, ssl=ctx, backlog=BACKLOG, reuse_address=True,
+            ssl_handshake_timeout=config.header_timeout if ctx is not None else None,
         )
     except BaseException:
         await runner.cleanup()
@@ -301,9 +342,13 @@ def descriptors_needed(config: ServerConfig, scrape_concurrency: int) -> int:
 
 
 def server_status(config: ServerConfig, guard: ConnectionGuard | None) -> dict[str, Any]:
-    """The endpoint's load for ``/api/v1/status``."""
+    """The endpoint's exposure and load for ``/api/v1/status`` (never the token)."""
     return {
         "listen": config.listen,
+        "auth": "bearer" if config.auth.bearer_token is not None else "none",
+        "protect_reads": config.auth.protect_reads,
+        "tls": config.tls is not None,
+        "warnings": config.warnings(),
         "connections": guard.open if guard is not None else 0,
         "max_connections": config.max_connections,
     }

@@ -15,7 +15,9 @@ sizes as ``16MiB``, ``512KiB``, ``1GB`` or plain bytes.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -80,7 +82,9 @@ __all__ = [
     "ScalingConfig",
     "ScalingServiceConfig",
     "ScrapeConfig",
+    "ServerAuthConfig",
     "ServerConfig",
+    "ServerTLSConfig",
     "SlackReceiverConfig",
     "StoreConfig",
     "TargetConfig",
@@ -232,6 +236,48 @@ class NvmlConfig(ConfigModel):
         return str(self.enabled).lower()
 
 
+class ServerAuthConfig(ConfigModel):
+    """An optional bearer token for the HTTP API (``bearer_token_file`` or ``bearer_token_env``).
+
+    With a token, mutating requests (POST, PUT, PATCH, DELETE: silences, and any intake endpoint)
+    need ``Authorization: Bearer <token>``; ``protect_reads`` extends that to every read except
+    ``/healthz`` and ``/readyz``, which stay open for probes.
+    """
+
+    bearer_token: SecretStr | None = None
+    protect_reads: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _not_empty(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value():
+            raise ValueError("the bearer token is empty")
+        if v is not None and any(c.isspace() or not c.isprintable() for c in v.get_secret_value()):
+            raise ValueError("the bearer token must be one line of printable characters without spaces")
+        return v
+
+
+class ServerTLSConfig(ConfigModel):
+    """Serve HTTPS from a PEM certificate (chain) and its private key; checked when the config loads."""
+
+    cert_file: str
+    key_file: str
+
+    @model_validator(mode="after")
+    def _loadable(self) -> ServerTLSConfig:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert_file, self.key_file)
+        except OSError as exc:  # ssl.SSLError is an OSError too
+            raise ValueError(f"cannot load the certificate and key ({self.cert_file}, {self.key_file}): "
+                             f"{exc.strerror or exc}") from exc
+        return self
+
+
 class ServerConfig(ConfigModel):
     """The HTTP endpoint and its resource limits.
 
@@ -248,6 +294,8 @@ class ServerConfig(ConfigModel):
     body_timeout: Duration = 30.0
     keepalive_timeout: Duration = 60.0
     body_limit: ByteSize = 2**20
+    auth: ServerAuthConfig = ServerAuthConfig()
+    tls: ServerTLSConfig | None = None
 
     @field_validator("listen")
     @classmethod
@@ -279,6 +327,26 @@ class ServerConfig(ConfigModel):
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
 
+    @property
+    def loopback_only(self) -> bool:
+        """True when only this machine can connect (127.0.0.0/8, ::1, ``localhost``)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: it may resolve to anything
+            return False
+
+    def warnings(self) -> list[str]:
+        """What an operator should hear about this endpoint's exposure (logged at start, in /api/v1/status)."""
+        out = []
+        if not self.loopback_only and self.auth.bearer_token is None:
+            out.append(f"listening on {self.listen} beyond loopback without authentication: anyone who can "
+                       "reach it can add and expire silences (set server.auth.bearer_token_file)")
+        if not self.loopback_only and self.auth.bearer_token is not None and self.tls is None:
+            out.append(f"listening on {self.listen} beyond loopback without TLS: the bearer token travels "
+                       "in clear text (set server.tls)")
+        return out
 
 
 def bundled_rules_dir() -> Path:

@@ -1,11 +1,13 @@
-"""Tests for agent.app.server and agent.app.connections: limits and bad input."""
+"""Tests for agent.app.server and agent.app.connections: limits, authentication, TLS and bad input."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -20,9 +22,11 @@ from aiohttp import web
 
 from agent.app.connections import AcceptErrorLog
 from agent.app.daemon import Agent
-from agent.config import Config
+from agent.config import Config, ServerConfig
 from tests.alertmanager import eventually
 from tests.conftest import REPO
+
+TOKEN = "s3cret-token-for-tests"
 
 # Opens N sockets to the agent, sends half a request line on each and holds them; prints one JSON
 # line when all are open and one when the agent has closed every one (or its deadline passes).
@@ -328,6 +332,96 @@ async def test_unexpected_errors_are_logged_once_and_answered_500(plain_agent: A
     assert status == 500 and "secret detail" not in body and "internal error" in body
     [entry] = [e for e in logs if e["event"] == "unexpected error answering a request"]
     assert entry["exc_info"] is True and entry["path"] == "/api/v1/targets"
+
+
+# -- authentication and TLS -------------------------------------------------------------------------
+
+async def test_bearer_token_guards_mutations_and_optionally_reads(tmp_path: Path) -> None:
+    """With a token, POST/DELETE need it (wrong or missing: 401); reads need it only with protect_reads,
+    and /healthz and /readyz never do; the token never appears in /api/v1/status."""
+    for protect_reads in (False, True):
+        agent = _agent(tmp_path, {"auth": {"bearer_token_env": "TOK", "protect_reads": protect_reads}},
+                       environ={"TOK": TOKEN})
+        await agent.start()
+        base = f"http://127.0.0.1:{agent.port}"
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        try:
+            async with aiohttp.ClientSession() as http:
+                codes = {}
+                for name, headers in (("none", {}), ("wrong", {"Authorization": "Bearer nope"}),
+                                      ("basic", {"Authorization": f"Basic {TOKEN}"}), ("good", good)):
+                    async with http.post(f"{base}/api/v1/silences", json=SILENCE, headers=headers) as r:
+                        codes[name] = r.status
+                        if r.status == 401:
+                            assert r.headers["WWW-Authenticate"].startswith("Bearer")
+                            silence_id = None
+                        else:
+                            silence_id = (await r.json())["data"]["silenceID"]
+                async with http.delete(f"{base}/api/v1/silences/{silence_id}") as r:
+                    delete_without = r.status
+                async with http.delete(f"{base}/api/v1/silences/{silence_id}", headers=good) as r:
+                    delete_with = r.status
+                async with http.get(f"{base}/api/v1/status") as r:
+                    read_without = r.status
+                async with http.get(f"{base}/api/v1/status", headers=good) as r:
+                    status_text = await r.text()
+                async with http.get(f"{base}/healthz") as r:
+                    healthz = r.status
+                async with http.get(f"{base}/readyz") as r:
+                    readyz = r.status
+        finally:
+            await agent.stop()
+        assert codes == {"none": 401, "wrong": 401, "basic": 401, "good": 200}
+        assert (delete_without, delete_with) == (401, 200)
+        assert read_without == (401 if protect_reads else 200)
+        assert healthz == 200 and readyz in (200, 503)
+        assert TOKEN not in status_text
+        server = json.loads(status_text)["data"]["server"]
+        assert (server["auth"], server["tls"], server["protect_reads"]) == ("bearer", False, protect_reads)
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate (cryptography is not installed)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+async def test_tls_serves_https_with_the_configured_certificate(tmp_path: Path) -> None:
+    """server.tls serves HTTPS a client that trusts the certificate can verify; plain HTTP gets no answer."""
+    cert, key = _self_signed(tmp_path)
+    agent = _agent(tmp_path, {"tls": {"cert_file": str(cert), "key_file": str(key)}})
+    await agent.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"https://127.0.0.1:{agent.port}/healthz", ssl=ctx) as r:
+                assert (r.status, await r.text()) == (200, "ok\n")
+            async with http.get(f"https://127.0.0.1:{agent.port}/api/v1/status", ssl=ctx) as r:
+                assert (await r.json())["data"]["server"]["tls"] is True
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(f"http://127.0.0.1:{agent.port}/healthz",
+                                    timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    await r.read()
+    finally:
+        await agent.stop()
+
+
+def test_exposure_warnings() -> None:
+    """Beyond loopback without a token warns; with a token but no TLS warns about clear text; loopback is quiet."""
+    assert ServerConfig(listen="127.0.0.1:9400").warnings() == []
+    assert ServerConfig(listen="[::1]:9400").warnings() == []
+    assert ServerConfig(listen="localhost:9400").warnings() == []
+    [open_warning] = ServerConfig(listen="0.0.0.0:9400").warnings()
+    assert "without authentication" in open_warning
+    tok = ServerConfig.model_validate({"listen": ":9400", "auth": {"bearer_token_env": "T"}},
+                                      context={"environ": {"T": "x"}})
+    [clear] = tok.warnings()
+    assert "clear text" in clear
 
 
 async def test_stalled_bodies_make_room_for_new_connections(tmp_path: Path) -> None:

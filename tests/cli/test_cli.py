@@ -75,9 +75,10 @@ def test_check_bad_config_exits_2_with_key_paths(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("content", "message"), [(b"\xff\xfe\x00garbage", "not UTF-8"),
-                                                  (b"[" * 100_000 + b"]" * 100_000, "nested too deeply")])
+                                                  (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+                                                  (b"server: {auth: {bearer_token: inline}}\n", "bearer_token_file")])
 def test_check_unreadable_config_exits_2_without_traceback(tmp_path: Path, content: bytes, message: str) -> None:
-    """A binary or absurdly nested config file exits 2 with one line and no traceback."""
+    """A binary, absurdly nested or inline-secret config file exits 2 with one line and no traceback."""
     cfg = tmp_path / "a.yaml"
     cfg.write_bytes(content)
     res = _cli("check", "--config", str(cfg))

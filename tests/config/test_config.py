@@ -253,13 +253,35 @@ def test_cardinality_limits_default_on_and_zero_means_unlimited(tmp_path: Path) 
 
 
 def test_server_defaults_and_limits(tmp_path: Path) -> None:
-    """server has safe defaults (256 connections, 10s head deadline) and checks its limits."""
+    """server has safe defaults (256 connections, 10s head deadline, no auth, no TLS) and checks its limits."""
     s = load_config(None).server
     assert (s.max_connections, s.header_timeout, s.body_timeout, s.keepalive_timeout, s.body_limit) == (
         256, 10.0, 30.0, 60.0, 2**20)
+    assert s.auth.bearer_token is None and not s.auth.protect_reads and s.tls is None
     errs = _errors(tmp_path, "server: {max_connections: 0, header_timeout: 0s, body_limit: 1GiB}\n")
     assert sorted(e.split(":")[0] for e in errs) == ["server.body_limit", "server.header_timeout",
                                                      "server.max_connections"]
+
+
+def test_server_token_from_file_or_env_redacted(tmp_path: Path) -> None:
+    """server.auth.bearer_token comes from a file or env only and prints as stars; inline or empty is refused."""
+    (tmp_path / "tok").write_text("t0ken\n", encoding="utf-8")
+    cfg = load_config(_write(tmp_path, f"server: {{auth: {{bearer_token_file: '{tmp_path / 'tok'}'}}}}\n"))
+    assert cfg.server.auth.bearer_token is not None
+    assert cfg.server.auth.bearer_token.get_secret_value() == "t0ken"
+    assert "t0ken" not in json.dumps(cfg.redacted())
+    assert cfg.redacted()["server"]["auth"]["bearer_token"] == "**********"
+    cfg = load_config(_write(tmp_path, "server: {auth: {bearer_token_env: TOK, protect_reads: true}}\n"),
+                      {"TOK": "abc"})
+    assert cfg.server.auth.protect_reads
+    assert any("bearer_token_file" in e for e in _errors(tmp_path, "server: {auth: {bearer_token: abc}}\n"))
+    assert any("empty" in e for e in _errors(tmp_path, "server: {auth: {bearer_token_env: TOK}}\n", {"TOK": ""}))
+
+
+def test_server_tls_files_are_checked_at_load(tmp_path: Path) -> None:
+    """A missing or unreadable certificate is a config error naming server.tls."""
+    errs = _errors(tmp_path, f"server: {{tls: {{cert_file: '{tmp_path / 'no.pem'}', key_file: '{tmp_path / 'k'}'}}}}\n")
+    assert len(errs) == 1 and errs[0].startswith("server.tls: cannot load the certificate")
 
 
 def test_binary_or_deeply_nested_config_is_a_config_error(tmp_path: Path) -> None:
