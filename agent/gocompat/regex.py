@@ -15,9 +15,9 @@ as Prometheus and Alertmanager anchor a matcher, by text: ``^(?:pattern)$``.
 with literal fast paths and a bounded memo (label values repeat from one evaluation to
 the next, and a call into the binding costs several times a ``re`` call on short text).
 What RE2 refuses (back-references, look-around, repeat counts over 1000) is a
-:class:`~agent.errors.RegexError` naming the matcher; so are the two things C++ RE2
+:class:`~agent.errors.RegexError` naming the matcher; so are the three things C++ RE2
 accepts and Go does not (``\\C``, ``(?<name>...)`` before Go 1.22, which Prometheus 2.42
-and Alertmanager 0.25 are built with).
+and Alertmanager 0.25 are built with, and groups nested past Go's parse-tree height).
 
 :func:`expand` is Go's ``Regexp.Expand``, the replacement syntax of both
 ``label_replace`` and the template function ``reReplaceAll``.
@@ -75,9 +75,18 @@ class Match(Protocol):
     def end(self) -> int: ...
 
 
-def _go_refuses(pattern: str) -> str | None:
+#: Go's ``regexp/syntax`` refuses a parse tree higher than this (``maxHeight``, Go 1.19.2 and later,
+#: CVE-2022-41715); C++ RE2 has no such limit. Each capturing group is one level, and an anchored
+#: matcher adds two (the concatenation ``^(?:...)$`` and the innermost node): amtool 0.25 accepts 998
+#: nested groups in a matcher and refuses 999.
+GO_MAX_HEIGHT = 1000
+
+
+def _go_refuses(pattern: str, *, anchored: bool) -> str | None:
     """What in ``pattern`` C++ RE2 accepts but Go's ``regexp`` (1.19-1.21) does not, if anything."""
     i, in_class = 0, False
+    groups: list[bool] = []  # open groups, innermost last: capturing or not
+    depth = deepest = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
@@ -102,22 +111,38 @@ def _go_refuses(pattern: str) -> str | None:
             i += pattern.startswith("]", i)  # a "]" first in the class is literal
         elif pattern.startswith("(?<", i) and pattern[i + 3 : i + 4] not in ("=", "!"):
             return "invalid or unsupported Perl syntax: (?<"
+        elif c == "(":
+            capturing = not pattern.startswith("(?", i) or pattern.startswith("(?P<", i)
+            groups.append(capturing)
+            depth += capturing
+            deepest = max(deepest, depth)
+            i += 1
+        elif c == ")":
+            depth -= bool(groups) and groups.pop()
+            i += 1
         else:
             i += 1
+    if deepest + (2 if anchored else 1) > GO_MAX_HEIGHT:
+        return "expression nests too deeply"
     return None
 
 
+def _shown(pattern: str) -> str:
+    """The pattern as an error message quotes it: a hostile 100 KB pattern is cut, not echoed."""
+    return repr(pattern) if len(pattern) <= 200 else f"{pattern[:200]!r}... ({len(pattern)} characters)"
+
+
 def _compile(text: str, pattern: str, what: str) -> Regexp:
-    refused = _go_refuses(pattern)
+    refused = _go_refuses(pattern, anchored=text != pattern)
     if refused is not None:
-        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {pattern!r} ({refused})")
+        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} ({refused})")
     try:
         compiled: Regexp = re2.compile(text, _OPTIONS)
     except UnicodeEncodeError as exc:  # a lone surrogate (JSON allows "\ud800"): not UTF-8, so not a Go string
-        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {pattern!r} (not valid UTF-8)") from exc
+        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} (not valid UTF-8)") from exc
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
-        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {pattern!r} ({reason})") from exc
+        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} ({reason})") from exc
     return compiled
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from agent.errors import RegexError
 from agent.gocompat.regex import compile_anchored, compile_go, expand, match_anchored
+from agent.matchers import AlertMatcher
 from tests.conftest import REPO
 
 _ADDR = re.compile(r"(?P<host>[^:]+):(\d+)")
@@ -157,3 +160,23 @@ def test_nested_quantifiers_on_long_values_finish() -> None:
     assert set(seconds) == set(PATHOLOGICAL)
     slow = {p: t for p, t in seconds.items() if t > 5.0}  # generous: RE2 takes milliseconds
     assert not slow
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool not installed (CI installs prometheus-alertmanager)")
+def test_group_nesting_limit_is_gos_as_amtool_shows(tmp_path: Path) -> None:
+    """998 nested groups in a matcher pass and 999 are refused ("expression nests too deeply"), here and in amtool."""
+    for depth, ok in ((998, True), (999, False)):
+        pattern = "(" * depth + "x" + ")" * depth
+        config = tmp_path / f"am{depth}.yml"
+        config.write_text("route:\n  receiver: r\n  routes:\n    - receiver: r\n"
+                          f"      matchers: ['a=~\"{pattern}\"']\nreceivers:\n  - name: r\n")
+        amtool = subprocess.run([str(shutil.which("amtool")), "check-config", str(config)],
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert (amtool.returncode == 0) is ok, amtool.stdout + amtool.stderr
+        if ok:
+            AlertMatcher("a", "=~", pattern)
+        else:
+            assert "nests too deeply" in amtool.stdout + amtool.stderr
+            with pytest.raises(RegexError, match="expression nests too deeply") as err:
+                AlertMatcher("a", "=~", pattern)
+            assert len(str(err.value)) < 400  # the 2,000-character pattern is cut, not echoed
