@@ -291,7 +291,7 @@ def _rules_export(files: list[Path], name: str, namespace: str) -> int:
     load_rule_files(files)  # validate first: never export what would not load
     groups: list[Any] = []
     for path in files:
-        groups.extend((yamlv3.load(path.read_text(encoding="utf-8")) or {}).get("groups") or [])
+        groups.extend((yamlv3.load_file(path) or {}).get("groups") or [])
     obj = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

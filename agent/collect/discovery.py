@@ -148,9 +148,9 @@ def parse_file_sd(path: Path, job: str, auth: FileSDConfig | None = None) -> lis
     """Parse one ``file_sd`` file; raises :class:`ConfigError` naming the entry. ``auth``: the
     ``file_sd`` entry whose ``bearer_token``/``basic_auth`` its targets use."""
     try:
-        text = path.read_text(encoding="utf-8")
-        data: Any = json.loads(text) if path.suffix == ".json" else yamlv3.load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raw = yamlv3.read_capped(path)  # a file_sd file gets the same size cap, JSON or YAML
+        data: Any = json.loads(raw) if path.suffix == ".json" else yamlv3.load(raw)
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:  # RecursionError: deep JSON
         raise ConfigError(f"{path}: cannot parse: {exc}") from exc
     if data is None:
         return []
@@ -173,7 +173,7 @@ def parse_file_sd(path: Path, job: str, auth: FileSDConfig | None = None) -> lis
                                   "remove them and give the file_sd entry basic_auth: {username: ..., "
                                   "password_file: ...} (or password_env)")
             if not isinstance(addr, str) or not addr or "/" in addr:
-                raise ConfigError(f"{path}: [{i}].targets[{j}]: expected host:port, got {addr!r}")
+                raise ConfigError(f"{path}: [{i}].targets[{j}]: expected host:port, got {yamlv3.brief(addr)}")
             url = f"{scheme}://{addr}{mpath}"
             try:
                 TargetConfig(url=url, labels=public)

@@ -470,14 +470,9 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     data: Any = {}
     if path is not None:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            data = yamlv3.load_file(Path(path)) or {}
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
-        except UnicodeDecodeError as exc:
-            byte = exc.object[exc.start]
-            raise ConfigError(f"{path}: not UTF-8 text (byte {byte:#04x} at offset {exc.start})") from exc
-        try:
-            data = yamlv3.load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         except RecursionError as exc:
@@ -498,7 +493,7 @@ def _format_errors(exc: ValidationError) -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = "unknown key" + _suggest(err["loc"])
         elif err["type"] not in ("value_error", "assertion_error") and "input" in err:
-            msg = f"{msg}: {err['input']!r}" if not isinstance(err["input"], dict) else msg
+            msg = f"{msg}: {yamlv3.brief(err['input'])}" if not isinstance(err["input"], dict) else msg
         lines.append(f"{path}: {msg}" if path else msg)
     return lines
 

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, SecretStr, ValidationInfo
 
+from agent.gocompat.yamlv3 import brief
+
 __all__ = [
     "ByteSize",
     "ConfigModel",
@@ -39,12 +41,12 @@ _SIZE_UNITS = {
 def parse_duration(text: object) -> float:
     """Prometheus duration string -> seconds. ``0`` alone is accepted."""
     if isinstance(text, bool) or not isinstance(text, str):
-        raise ValueError(f"a duration needs a unit, like '15s' or '5m' (got {text!r})")
+        raise ValueError(f"a duration needs a unit, like '15s' or '5m' (got {brief(text)})")
     if text == "0":
         return 0.0
     m = _DURATION_RE.match(text.strip())
     if not text.strip() or m is None or not any(m.groups()):
-        raise ValueError(f"not a duration: {text!r} (use Prometheus units: 100ms, 15s, 5m, 1h, 1d)")
+        raise ValueError(f"not a duration: {brief(text)} (use Prometheus units: 100ms, 15s, 5m, 1h, 1d)")
     return float(sum(int(g) * u for g, u in zip(m.groups(), _DURATION_UNITS, strict=True) if g))
 
 
@@ -64,12 +66,12 @@ def format_duration(seconds: float) -> str:
 def parse_size(value: object) -> int:
     """``16MiB`` / ``1GB`` / ``1048576`` -> bytes."""
     if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
+        raise ValueError(f"not a size: {brief(value)}")
     if isinstance(value, int):
         return value
     m = _SIZE_RE.match(str(value))
     if m is None:
-        raise ValueError(f"not a size: {value!r} (use e.g. 16MiB, 512KiB, 1GB or bytes)")
+        raise ValueError(f"not a size: {brief(value)} (use e.g. 16MiB, 512KiB, 1GB or bytes)")
     return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").upper()])
 
 

@@ -85,7 +85,7 @@ def load_rule_files(paths: Iterable[str | Path]) -> list[GroupSpec]:
 
 def parse_rule_file(path: Path) -> list[GroupSpec]:
     try:
-        data: Any = yamlv3.load(path.read_text(encoding="utf-8"))
+        data: Any = yamlv3.load_file(path)
     except OSError as exc:
         raise RuleError(f"{path}: cannot read rule file: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

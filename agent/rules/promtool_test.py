@@ -50,7 +50,7 @@ def run_test_file(path: str | Path) -> TestResult:
     path = Path(path)
     res = TestResult(str(path))
     try:
-        doc: Any = yamlv3.load(path.read_text(encoding="utf-8"))
+        doc: Any = yamlv3.load_file(path)
     except (OSError, yaml.YAMLError) as exc:
         res.failures.append(f"cannot read test file: {exc}")
         return res

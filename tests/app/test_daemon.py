@@ -19,6 +19,7 @@ from agent.store import SeriesMatcher
 from tests.alertmanager import eventually
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.prometheus import Prometheus
+from tests.yamlbombs import BILLION_LAUGHS
 
 
 @pytest.fixture
@@ -403,5 +404,33 @@ async def test_store_series_cap_counted_on_metrics_and_in_the_store(fleet: Fleet
         assert [s.value for s in fams["sre_agent_store_max_series"].samples] == [5.0]
         stored = list(agent.store.iter_series([SeriesMatcher("__name__", "=", "sre_agent_store_refused_series_total")]))
         assert [list(s.vals) for s in stored] == [[float(refused)]]
+
+
+async def test_file_sd_bomb_is_reported_and_the_daemon_keeps_scraping(fleet: Fleet, tmp_path: Path) -> None:
+    """A file_sd file turned into a YAML bomb inside the running daemon is a file_sd error on
+    /api/v1/status; scrape cycles go on and its last targets stay scraped."""
+    sd = tmp_path / "sd.yaml"
+    sd.write_text(f"- targets: ['{fleet.targets[0].split('/')[2]}']\n  labels: {{job: discovered}}\n")
+    agent = Agent(_config(fleet, targets=[], file_sd=[{"files": [str(sd)], "refresh_interval": "1s"}]),
+                  nvml_module=FakeNvml().module, hostname="n")
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}"
+
+    async def cycles_past(n: int) -> int | None:
+        return agent.stats.scrape_cycles if agent.stats.scrape_cycles > n else None
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def sd_error() -> str | None:
+                async with http.get(f"{base}/api/v1/status") as r:
+                    errors: dict[str, str] = (await r.json())["data"]["file_sd_errors"]
+                return errors.get(str(sd))
+
+            cycles = await eventually(lambda: cycles_past(0), what="a first scrape cycle")
+            sd.write_text(BILLION_LAUGHS)
+            error = await eventually(sd_error, what="the file_sd error on /api/v1/status")
+        assert "excessive aliasing" in error and "lol" not in error
+        await eventually(lambda: cycles_past(cycles + 1), what="two more scrape cycles")
+        assert [t["job"] for t in agent.targets_json()] == ["discovered"]
     finally:
         await agent.stop()

@@ -74,8 +74,8 @@ def test_check_bad_config_exits_2_with_key_paths(tmp_path: Path) -> None:
     assert "config error: scrape.interval: not a duration: 'fast'" in res.stderr
 
 
-@pytest.mark.parametrize(("content", "message"), [(b"\xff\xfe\x00garbage", "not UTF-8"),
-                                                  (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+@pytest.mark.parametrize(("content", "message"), [(b"targets: \xff\xfa\x00garbage\n", "not valid YAML"),
+                                                  (b"[" * 100_000 + b"]" * 100_000, "exceeded max depth"),
                                                   (b"server: {auth: {bearer_token: inline}}\n", "bearer_token_file")])
 def test_check_unreadable_config_exits_2_without_traceback(tmp_path: Path, content: bytes, message: str) -> None:
     """A binary, absurdly nested or inline-secret config file exits 2 with one line and no traceback."""

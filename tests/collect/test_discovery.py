@@ -11,6 +11,7 @@ import pytest
 from agent.collect.discovery import FileSD, all_targets, instance_of, parse_file_sd, static_targets
 from agent.config import FileSDConfig, load_config
 from agent.errors import ConfigError
+from tests.yamlbombs import BILLION_LAUGHS, DEEP_BLOCK, DEEP_FLOW, SELF_ALIAS, write_huge
 
 
 def test_instance_adds_default_port_like_prometheus_2() -> None:
@@ -110,3 +111,41 @@ def test_file_sd_credentials_refused_and_entry_auth_applied(tmp_path: Path) -> N
     specs = FileSD(cfg.file_sd, lambda: 0.0).refresh()
     assert [(s.basic_auth.username, s.basic_auth.password.get_secret_value()) for s in specs if s.basic_auth] == [
         ("bob", "pw"), ("bob", "pw")]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("sd.yaml", BILLION_LAUGHS, "excessive aliasing"),
+    ("sd.yaml", SELF_ALIAS, "contains itself"),
+    ("sd.yaml", DEEP_FLOW, "exceeded max depth"),
+    ("sd.yml", DEEP_BLOCK, "exceeded max depth"),
+    ("sd.json", "[" * 100_000 + "]" * 100_000, "cannot parse"),
+], ids=["billion-laughs", "self-alias", "deep-flow", "deep-block", "deep-json"])
+def test_file_sd_bomb_is_a_per_file_error(tmp_path: Path, name: str, content: str, message: str) -> None:
+    """A bomb replacing a file_sd file is recorded as that file's error; its last targets and other files stay."""
+    good, bad = tmp_path / "good.json", tmp_path / name
+    good.write_text(json.dumps([{"targets": ["h1:1"]}]))
+    bad.write_text(json.dumps([{"targets": ["h2:1"]}]))
+    sd = FileSD([FileSDConfig(files=[str(good), str(bad)])], clock=lambda: 0.0)
+    assert sorted(s.instance for s in sd.refresh()) == ["h1:1", "h2:1"]
+    bad.write_text(content)
+    os.utime(bad, (2e9, 2e9))
+    assert sorted(s.instance for s in sd.refresh()) == ["h1:1", "h2:1"]
+    errors = sd.errors()
+    assert list(errors) == [str(bad)] and message in errors[str(bad)] and len(errors[str(bad)]) < 600
+
+
+def test_huge_file_sd_file_is_a_per_file_error(tmp_path: Path) -> None:
+    """A file_sd file over the size cap is refused (JSON or YAML) and reported, not read in full."""
+    sd = FileSD([FileSDConfig(files=[str(write_huge(tmp_path / "a.yaml")), str(write_huge(tmp_path / "b.json"))])],
+                clock=lambda: 0.0)
+    assert sd.refresh() == []
+    assert all("byte limit" in e for e in sd.errors().values()) and len(sd.errors()) == 2
+
+
+def test_file_sd_bad_target_quoted_briefly(tmp_path: Path) -> None:
+    """A target that is a long list, not host:port, is quoted in a bounded snippet."""
+    f = tmp_path / "sd.yaml"
+    f.write_text("- targets: [[" + ", ".join(["aaaa"] * 60) + "]]\n")
+    with pytest.raises(ConfigError, match="expected host:port") as err:
+        parse_file_sd(f, "vllm")
+    assert len(str(err.value)) < len(str(f)) + 150

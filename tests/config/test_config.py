@@ -9,6 +9,7 @@ import pytest
 
 from agent.config import DEFAULT_TARGET, format_duration, load_config, parse_duration, parse_size
 from agent.errors import ConfigError
+from tests.yamlbombs import BILLION_LAUGHS, DEEP_BLOCK, DEEP_FLOW, write_huge
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -287,8 +288,43 @@ def test_server_tls_files_are_checked_at_load(tmp_path: Path) -> None:
 def test_binary_or_deeply_nested_config_is_a_config_error(tmp_path: Path) -> None:
     """A file that is not UTF-8, or YAML nested 100k deep, is a ConfigError (exit 2), not a traceback."""
     bad = tmp_path / "bad.yaml"
-    bad.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ConfigError, match="not UTF-8"):
+    bad.write_bytes(b"targets: \xff\xfa\x00garbage\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
-    with pytest.raises(ConfigError, match="nested too deeply"):
+    with pytest.raises(ConfigError, match="exceeded max depth"):
         load_config(_write(tmp_path, "[" * 100_000 + "]" * 100_000))
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    (BILLION_LAUGHS, "excessive aliasing"), (DEEP_FLOW, "exceeded max depth"), (DEEP_BLOCK, "exceeded max depth"),
+], ids=["billion-laughs", "deep-flow", "deep-block"])
+def test_yaml_bombs_are_config_errors_naming_the_file(tmp_path: Path, doc: str, message: str) -> None:
+    """An alias or nesting bomb is a ConfigError that names the file and quotes none of the expanded data."""
+    path = _write(tmp_path, doc)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    assert str(path) in str(err.value) and "lol" not in str(err.value) and len(str(err.value)) < 600
+
+
+def test_huge_config_file_refused(tmp_path: Path) -> None:
+    """A config file over the YAML size cap is refused, naming the file and the limit."""
+    path = write_huge(tmp_path / "agent.yaml")
+    with pytest.raises(ConfigError, match="byte limit") as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_config_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    """A config file that is not UTF-8 is a ConfigError, not a UnicodeDecodeError."""
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(b"targets: \xff\xfe\xfa\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+
+
+def test_expanded_value_quoted_briefly_in_errors(tmp_path: Path) -> None:
+    """A wrong-typed value built from aliases is quoted in at most a few dozen characters."""
+    doc = "x: &x [" + ", ".join(["aaaa"] * 60) + "]\ny: &y [" + ", ".join(["*x"] * 60) + "]\nscrape: {interval: *y}\n"
+    with pytest.raises(ConfigError, match=r"scrape\.interval") as err:
+        load_config(_write(tmp_path, doc))
+    assert len(str(err.value)) < 400 and str(err.value).count("aaaa") < 10

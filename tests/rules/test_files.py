@@ -11,6 +11,7 @@ import pytest
 
 from agent.errors import RuleError
 from agent.rules.files import load_rule_files
+from tests.yamlbombs import BILLION_LAUGHS, DEEP_BLOCK, DEEP_FLOW, MERGE_BOMB, write_huge
 
 GOOD = """
 groups:
@@ -94,3 +95,24 @@ def test_promtool_rejects_what_we_reject(tmp_path: Path, case: str) -> None:
     assert subprocess.run([*run, str(good)], capture_output=True, check=False).returncode == 0
     res = subprocess.run([*run, str(bad)], capture_output=True, text=True, check=False)
     assert res.returncode != 0, res.stdout
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    (BILLION_LAUGHS, "excessive aliasing"), (MERGE_BOMB, "excessive aliasing"), (DEEP_FLOW, "exceeded max depth"),
+    (DEEP_BLOCK, "exceeded max depth"),
+], ids=["billion-laughs", "merge-keys", "deep-flow", "deep-block"])
+def test_yaml_bombs_are_rule_errors_naming_the_file(tmp_path: Path, doc: str, message: str) -> None:
+    """An alias or nesting bomb in a rule file is a RuleError naming the file, quoting no expanded data."""
+    path = tmp_path / "bomb.rules.yaml"
+    path.write_text(doc, encoding="utf-8")
+    with pytest.raises(RuleError, match=message) as err:
+        load_rule_files([path])
+    assert str(err.value).startswith(f"{path}: ") and "lol" not in str(err.value) and len(str(err.value)) < 600
+
+
+def test_huge_rule_file_refused(tmp_path: Path) -> None:
+    """A rule file over the YAML size cap is a RuleError naming the file and the limit."""
+    path = write_huge(tmp_path / "huge.rules.yaml")
+    with pytest.raises(RuleError, match="byte limit") as err:
+        load_rule_files([path])
+    assert str(path) in str(err.value)
