@@ -95,6 +95,9 @@ def resolve_secret(values: dict[str, Any], field: str, info: ValidationInfo) -> 
     path, env_name = values.pop(f"{field}_file", None), values.pop(f"{field}_env", None)
     if path is not None and env_name is not None:
         raise ValueError(f"{field}: give {field}_file or {field}_env, not both")
+    for key, given in ((f"{field}_file", path), (f"{field}_env", env_name)):
+        if given is not None and not isinstance(given, str):
+            raise ValueError(f"{key}: expected a string, got {brief(given)}")
     if path is not None:
         try:
             values[field] = SecretStr(Path(path).read_text(encoding="utf-8").strip())

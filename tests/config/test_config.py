@@ -132,6 +132,14 @@ def test_missing_secret_env_named(tmp_path: Path) -> None:
     assert errs == ["targets[0]: bearer_token_env: environment variable 'NOPE' is not set"]
 
 
+@pytest.mark.parametrize(("value", "shown"), [("false", "False"), ("[a]", "['a']"), ("{a: 1}", "{'a': 1}"), ("3", "3")])
+def test_secret_file_or_env_of_the_wrong_type_is_named(tmp_path: Path, value: str, shown: str) -> None:
+    """A *_file or *_env that is not a string is a ConfigError naming the key (found by fuzzing: was a TypeError)."""
+    for key in ("bearer_token_file", "bearer_token_env"):
+        errs = _errors(tmp_path, f"targets: [{{url: 'http://a:1/metrics', {key}: {value}}}]\n")
+        assert errs == [f"targets[0]: {key}: expected a string, got {shown}"]
+
+
 def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     """A missing file and broken YAML are ConfigErrors that name the file."""
     with pytest.raises(ConfigError, match="cannot read config file"):
