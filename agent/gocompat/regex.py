@@ -139,7 +139,8 @@ def _compile(text: str, pattern: str, what: str) -> Regexp:
     try:
         compiled: Regexp = re2.compile(text, _OPTIONS)
     except UnicodeEncodeError as exc:  # a lone surrogate (JSON allows "\ud800"): not UTF-8, so not a Go string
-        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} (not valid UTF-8)") from exc
+        raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} "
+                         "(not valid UTF-8)") from exc
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
         raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} ({reason})") from exc

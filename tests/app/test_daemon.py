@@ -404,6 +404,8 @@ async def test_store_series_cap_counted_on_metrics_and_in_the_store(fleet: Fleet
         assert [s.value for s in fams["sre_agent_store_max_series"].samples] == [5.0]
         stored = list(agent.store.iter_series([SeriesMatcher("__name__", "=", "sre_agent_store_refused_series_total")]))
         assert [list(s.vals) for s in stored] == [[float(refused)]]
+    finally:
+        await agent.stop()
 
 
 async def test_file_sd_bomb_is_reported_and_the_daemon_keeps_scraping(fleet: Fleet, tmp_path: Path) -> None:
