@@ -213,7 +213,9 @@ class Agent:
     # -- jobs ------------------------------------------------------------------------
     async def scrape_cycle(self) -> None:
         t0 = time.perf_counter()
-        self.scraper.set_targets(all_targets(self.config, self.file_sd, static=self._static_targets))
+        # file_sd files are read and parsed off the loop: a 4 MiB YAML file takes seconds to parse
+        targets = await asyncio.to_thread(all_targets, self.config, self.file_sd, static=self._static_targets)
+        self.scraper.set_targets(targets)
         await self.scraper.scrape_all()
         self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
         self._write_self_metrics()

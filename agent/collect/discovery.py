@@ -117,7 +117,10 @@ class FileSD:
         return [s for st in self._files.values() for s in st.specs]
 
     def errors(self) -> dict[str, str]:
-        return {path: st.error for (_, path), st in self._files.items() if st.error}
+        # refresh() runs on a worker thread (the daemon keeps file reads and YAML parsing off its event
+        # loop); list() copies the items in one step, so a refresh that adds or drops a file meanwhile
+        # cannot break this iteration.
+        return {path: st.error for (_, path), st in list(self._files.items()) if st.error}
 
     def _load(self, key: tuple[int, str], cfg: FileSDConfig, path: Path, force: bool) -> None:
         st = self._files.setdefault(key, _FileState())
