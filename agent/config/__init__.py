@@ -15,9 +15,6 @@ sizes as ``16MiB``, ``512KiB``, ``1GB`` or plain bytes.
 from __future__ import annotations
 
 import difflib
-import ipaddress
-import re
-import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -26,9 +23,7 @@ import yaml
 from pydantic import (
     BaseModel,
     Field,
-    SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -51,15 +46,14 @@ from agent.config.act import (
     default_actions,
     default_route,
 )
+from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
+from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
 from agent.config.types import (
-    ByteSize,
     ConfigModel,
     Duration,
-    check_url,
     format_duration,
     parse_duration,
     parse_size,
-    resolve_secret,
 )
 from agent.errors import ConfigError
 from agent.gocompat import yamlv3
@@ -98,133 +92,6 @@ __all__ = [
 ]
 
 DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm serve --port 8000)
-_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-class BasicAuthConfig(ConfigModel):
-    """HTTP basic authentication for a target (Prometheus' ``basic_auth``); the password comes
-    from ``password_file`` or ``password_env`` only, like every other secret."""
-
-    username: str = Field(min_length=1)
-    password: SecretStr
-
-    @field_validator("username")
-    @classmethod
-    def _no_colon(cls, v: str) -> str:
-        if ":" in v:
-            raise ValueError("a basic_auth username cannot contain ':' (RFC 7617)")
-        return v
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "password", info) if isinstance(data, dict) else data
-
-
-class TargetConfig(ConfigModel):
-    """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL.
-
-    Credentials in the URL (``http://user:pass@host/metrics``) are refused: a URL is what logs,
-    ``/api/v1/targets``, ``run --once --json`` and incidents print, and redacting it in every one
-    of them is a promise one forgotten path breaks. ``basic_auth`` takes the password from a file
-    or the environment instead, and prints as ``**********``.
-    """
-
-    url: str
-    job: str = "vllm"
-    labels: dict[str, str] = Field(default_factory=dict)
-    bearer_token: SecretStr | None = None
-    basic_auth: BasicAuthConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        return check_target_url(v)
-
-    @model_validator(mode="after")
-    def _one_authorization(self) -> TargetConfig:
-        if self.bearer_token is not None and self.basic_auth is not None:
-            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
-        return self
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if not _LABEL_NAME_RE.match(name) or name.startswith("__"):
-                raise ValueError(f"invalid label name {name!r}")
-        return v
-
-
-def check_target_url(v: str) -> str:
-    """:func:`check_url` for a scrape target, which also refuses credentials in the URL."""
-    if "@" in re.split(r"[/?#]", v.partition("://")[2], maxsplit=1)[0]:  # before check_url: its errors quote the URL
-        raise ValueError(
-            "credentials in the URL are refused (the URL is shown in logs, /api/v1/targets and incidents); "
-            "remove them and use basic_auth: {username: ..., password_file: ...} (or password_env)"
-        )
-    return check_url(v)
-
-
-class FileSDConfig(ConfigModel):
-    """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``). ``bearer_token``
-    and ``basic_auth`` apply to every target the files list (a target address with credentials,
-    ``user:pass@host:port``, is refused like a static URL with them)."""
-
-    files: list[str] = Field(min_length=1)
-    job: str = "vllm"
-    refresh_interval: Duration = 300.0
-    bearer_token: SecretStr | None = None
-    basic_auth: BasicAuthConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
-
-    @model_validator(mode="after")
-    def _one_authorization(self) -> FileSDConfig:
-        if self.bearer_token is not None and self.basic_auth is not None:
-            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
-        return self
-
-
-class ScrapeConfig(ConfigModel):
-    interval: Duration = 15.0
-    timeout: Duration = 10.0
-    body_limit: ByteSize = 16 * 2**20
-    concurrency: int = Field(default=64, ge=1, le=10_000)
-    # Per-target limits, Prometheus' scrape_config names and messages; over one, the scrape fails and
-    # the target is down with the reason. 0 = unlimited. The defaults are far above what a vLLM or
-    # LMDeploy server sends (its widest series, vllm:cache_config_info, has about 25 labels counting
-    # job and instance; its longest values are model paths and LoRA adapter lists) and low enough
-    # that one broken or hostile target cannot grow the agent's memory without bound.
-    sample_limit: int = Field(default=0, ge=0, description="kept samples per scrape; Prometheus' default, 0")
-    label_limit: int = Field(default=64, ge=0, description="labels per series, __name__ and target labels included")
-    label_name_length_limit: int = Field(default=256, ge=0, description="bytes per label name")
-    label_value_length_limit: int = Field(default=4096, ge=0, description="bytes per label value")
-    # Series new to the store per target per scrape (Prometheus has no such limit; its TSDB grows
-    # until it is out of memory). 10,000 is three times a data-parallel-8 vLLM V1 server's whole
-    # payload (about 400 series per engine), so a first scrape always passes, while a target that
-    # mints tens of thousands of new series every scrape (a request ID or a counter in a label)
-    # fails every scrape instead of adding them until retention drops them.
-    new_series_limit: int = Field(default=10_000, ge=0, description="series new to the store per target per scrape")
-
-    @model_validator(mode="after")
-    def _timeout_within_interval(self) -> ScrapeConfig:
-        if self.interval <= 0:
-            raise ValueError("interval must be positive")
-        if not 0 < self.timeout <= self.interval:
-            raise ValueError(
-                f"timeout ({format_duration(self.timeout)}) must be positive and not longer than "
-                f"interval ({format_duration(self.interval)})"
-            )
-        return self
 
 
 class NvmlConfig(ConfigModel):
@@ -234,119 +101,6 @@ class NvmlConfig(ConfigModel):
     @property
     def mode(self) -> str:
         return str(self.enabled).lower()
-
-
-class ServerAuthConfig(ConfigModel):
-    """An optional bearer token for the HTTP API (``bearer_token_file`` or ``bearer_token_env``).
-
-    With a token, mutating requests (POST, PUT, PATCH, DELETE: silences, and any intake endpoint)
-    need ``Authorization: Bearer <token>``; ``protect_reads`` extends that to every read except
-    ``/healthz`` and ``/readyz``, which stay open for probes.
-    """
-
-    bearer_token: SecretStr | None = None
-    protect_reads: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
-
-    @field_validator("bearer_token")
-    @classmethod
-    def _not_empty(cls, v: SecretStr | None) -> SecretStr | None:
-        if v is not None and not v.get_secret_value():
-            raise ValueError("the bearer token is empty")
-        if v is not None and any(c.isspace() or not c.isprintable() for c in v.get_secret_value()):
-            raise ValueError("the bearer token must be one line of printable characters without spaces")
-        return v
-
-
-class ServerTLSConfig(ConfigModel):
-    """Serve HTTPS from a PEM certificate (chain) and its private key; checked when the config loads."""
-
-    cert_file: str
-    key_file: str
-
-    @model_validator(mode="after")
-    def _loadable(self) -> ServerTLSConfig:
-        try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert_file, self.key_file)
-        except OSError as exc:  # ssl.SSLError is an OSError too
-            raise ValueError(f"cannot load the certificate and key ({self.cert_file}, {self.key_file}): "
-                             f"{exc.strerror or exc}") from exc
-        return self
-
-
-class ServerConfig(ConfigModel):
-    """The HTTP endpoint and its resource limits.
-
-    The limits protect the process, not just the endpoint: every connection holds a file
-    descriptor, and the scraper needs ``scrape.concurrency`` of them from the same budget
-    (``ulimit -n``, often 1024). A request head must arrive within ``header_timeout`` and a body
-    within ``body_timeout``; at ``max_connections`` the oldest connection that is idle or still
-    sending its head is closed to make room.
-    """
-
-    listen: str = "127.0.0.1:9400"
-    max_connections: int = Field(default=256, ge=8, le=100_000)
-    header_timeout: Duration = 10.0
-    body_timeout: Duration = 30.0
-    keepalive_timeout: Duration = 60.0
-    body_limit: ByteSize = 2**20
-    auth: ServerAuthConfig = ServerAuthConfig()
-    tls: ServerTLSConfig | None = None
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        _, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"not host:port: {v!r}")
-        return v
-
-    @field_validator("header_timeout", "body_timeout", "keepalive_timeout")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if not 0 < v <= 3600:
-            raise ValueError("must be positive and at most 1h")
-        return v
-
-    @field_validator("body_limit")
-    @classmethod
-    def _body_limit(cls, v: int) -> int:
-        if not 1024 <= v <= 64 * 2**20:
-            raise ValueError("must be between 1KiB and 64MiB")
-        return v
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
-
-    @property
-    def loopback_only(self) -> bool:
-        """True when only this machine can connect (127.0.0.0/8, ::1, ``localhost``)."""
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:  # a host name: it may resolve to anything
-            return False
-
-    def warnings(self) -> list[str]:
-        """What an operator should hear about this endpoint's exposure (logged at start, in /api/v1/status)."""
-        out = []
-        if not self.loopback_only and self.auth.bearer_token is None:
-            out.append(f"listening on {self.listen} beyond loopback without authentication: anyone who can "
-                       "reach it can add and expire silences (set server.auth.bearer_token_file)")
-        if not self.loopback_only and self.auth.bearer_token is not None and self.tls is None:
-            out.append(f"listening on {self.listen} beyond loopback without TLS: the bearer token travels "
-                       "in clear text (set server.tls)")
-        return out
 
 
 def bundled_rules_dir() -> Path:
