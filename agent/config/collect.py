@@ -40,7 +40,26 @@ class BasicAuthConfig(ConfigModel):
         return resolve_secret(dict(data), "password", info) if isinstance(data, dict) else data
 
 
-class TargetConfig(ConfigModel):
+class _Credentials(ConfigModel):
+    """How a scrape authenticates: a bearer token (``bearer_token_file``/``_env``) or basic auth,
+    at most one of them (a request has one ``Authorization`` header)."""
+
+    bearer_token: SecretStr | None = None
+    basic_auth: BasicAuthConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> _Credentials:
+        if self.bearer_token is not None and self.basic_auth is not None:
+            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
+        return self
+
+
+class TargetConfig(_Credentials):
     """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL.
 
     Credentials in the URL (``http://user:pass@host/metrics``) are refused: a URL is what logs,
@@ -52,24 +71,11 @@ class TargetConfig(ConfigModel):
     url: str
     job: str = "vllm"
     labels: dict[str, str] = Field(default_factory=dict)
-    bearer_token: SecretStr | None = None
-    basic_auth: BasicAuthConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
 
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
         return check_target_url(v)
-
-    @model_validator(mode="after")
-    def _one_authorization(self) -> TargetConfig:
-        if self.bearer_token is not None and self.basic_auth is not None:
-            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
-        return self
 
     @field_validator("labels")
     @classmethod
@@ -90,7 +96,7 @@ def check_target_url(v: str) -> str:
     return check_url(v)
 
 
-class FileSDConfig(ConfigModel):
+class FileSDConfig(_Credentials):
     """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``). ``bearer_token``
     and ``basic_auth`` apply to every target the files list (a target address with credentials,
     ``user:pass@host:port``, is refused like a static URL with them)."""
@@ -98,19 +104,6 @@ class FileSDConfig(ConfigModel):
     files: list[str] = Field(min_length=1)
     job: str = "vllm"
     refresh_interval: Duration = 300.0
-    bearer_token: SecretStr | None = None
-    basic_auth: BasicAuthConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
-
-    @model_validator(mode="after")
-    def _one_authorization(self) -> FileSDConfig:
-        if self.bearer_token is not None and self.basic_auth is not None:
-            raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
-        return self
 
 
 class ScrapeConfig(ConfigModel):
