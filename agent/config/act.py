@@ -8,12 +8,12 @@ Matching is written the Alertmanager way everywhere (routes, actions, scaling se
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from apscheduler.triggers.cron import CronTrigger
-from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from agent.config.types import ConfigModel, Duration, check_url, format_duration, resolve_secret
+from agent.config.types import ConfigModel, Duration, check_url, format_duration
 from agent.matchers import AlertMatcher, parse_matchers
 
 __all__ = [
@@ -97,13 +97,7 @@ class SlackReceiverConfig(ConfigModel):
     max_messages_per_second: float = Field(default=1.0, gt=0)  # Slack's documented per-channel limit
     timeout: ReceiverTimeout = 10.0
 
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = resolve_secret(dict(data), "token", info)
-        return resolve_secret(data, "webhook_url", info)
+    SECRETS = ("token", "webhook_url")
 
     @model_validator(mode="after")
     def _one_mode(self) -> SlackReceiverConfig:
@@ -138,10 +132,7 @@ class SignedWebhookConfig(ConfigModel):
     timeout: ReceiverTimeout = 10.0
     verify_tls: bool = True
 
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "secret", info) if isinstance(data, dict) else data
+    SECRETS = ("secret",)
 
     @field_validator("url")
     @classmethod

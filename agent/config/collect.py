@@ -9,11 +9,10 @@ target from growing the agent's memory without bound.
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from agent.config.types import ByteSize, ConfigModel, Duration, check_url, format_duration, resolve_secret
+from agent.config.types import ByteSize, ConfigModel, Duration, check_url, format_duration
 
 __all__ = ["BasicAuthConfig", "FileSDConfig", "ScrapeConfig", "TargetConfig", "check_target_url"]
 
@@ -34,10 +33,7 @@ class BasicAuthConfig(ConfigModel):
             raise ValueError("a basic_auth username cannot contain ':' (RFC 7617)")
         return v
 
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "password", info) if isinstance(data, dict) else data
+    SECRETS = ("password",)
 
 
 class _Credentials(ConfigModel):
@@ -47,10 +43,7 @@ class _Credentials(ConfigModel):
     bearer_token: SecretStr | None = None
     basic_auth: BasicAuthConfig | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+    SECRETS = ("bearer_token",)
 
     @model_validator(mode="after")
     def _one_authorization(self) -> _Credentials:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
-from typing import Any
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from agent.config.types import ByteSize, ConfigModel, Duration, resolve_secret
+from agent.config.types import ByteSize, ConfigModel, Duration
 
 __all__ = ["ServerAuthConfig", "ServerConfig", "ServerTLSConfig"]
 
@@ -28,10 +27,7 @@ class ServerAuthConfig(ConfigModel):
     bearer_token: SecretStr | None = None
     protect_reads: bool = False
 
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets(cls, data: Any, info: ValidationInfo) -> Any:
-        return resolve_secret(dict(data), "bearer_token", info) if isinstance(data, dict) else data
+    SECRETS = ("bearer_token",)
 
     @field_validator("bearer_token")
     @classmethod

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, SecretStr, ValidationInfo
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, SecretStr, ValidationInfo, model_validator
 
 from agent.gocompat.yamlv3 import brief
 
@@ -82,7 +82,24 @@ ByteSize = Annotated[int, BeforeValidator(parse_size)]
 
 
 class ConfigModel(BaseModel):
+    """A config section: unknown keys refused, frozen once validated.
+
+    ``SECRETS`` names the section's secret fields: each is given as ``<name>_file`` or
+    ``<name>_env`` and never inline (:func:`resolve_secret`), resolved here for every section.
+    """
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    SECRETS: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_secrets(cls, data: Any, info: ValidationInfo) -> Any:
+        if not cls.SECRETS or not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name in cls.SECRETS:
+            data = resolve_secret(data, name, info)
+        return data
 
 
 def resolve_secret(values: dict[str, Any], field: str, info: ValidationInfo) -> dict[str, Any]:
