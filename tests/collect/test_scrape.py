@@ -114,15 +114,20 @@ async def test_real_vllm_capture_scrapes(http_server: Start, capture: str) -> No
     await sc.close()
 
 
-async def test_request_headers(http_server: Start) -> None:
-    """The scraper asks for the text format, offers gzip and sends the bearer token."""
+async def _recording_headers(http_server: Start) -> tuple[str, dict[str, str]]:
+    """A target serving GOOD that records the headers of the request it got."""
     seen: dict[str, str] = {}
 
     async def handler(req: web.Request) -> web.StreamResponse:
         seen.update(req.headers)
         return web.Response(text=GOOD, headers={"Content-Type": TEXT})
 
-    url = await http_server(handler)
+    return await http_server(handler), seen
+
+
+async def test_request_headers(http_server: Start) -> None:
+    """The scraper asks for the text format, offers gzip and sends the bearer token."""
+    url, seen = await _recording_headers(http_server)
     sc = _scraper()
     sc.set_targets([TargetSpec(url, (("instance", "x"), ("job", "vllm")), bearer_token=SecretStr("tok"))])
     await sc.scrape_all()
@@ -415,13 +420,7 @@ async def test_out_of_bounds_timestamps_dropped_per_sample(http_server: Start) -
 
 async def test_basic_auth_header_sent(http_server: Start) -> None:
     """A target with basic_auth is scraped with the Authorization: Basic header."""
-    seen: dict[str, str] = {}
-
-    async def handler(req: web.Request) -> web.StreamResponse:
-        seen.update(req.headers)
-        return web.Response(text=GOOD, headers={"Content-Type": TEXT})
-
-    url = await http_server(handler)
+    url, seen = await _recording_headers(http_server)
     sc = _scraper()
     auth = BasicAuthConfig(username="bob", password=SecretStr("pa:ss"))
     sc.set_targets([TargetSpec(url, (("instance", "x"), ("job", "vllm")), basic_auth=auth)])
