@@ -162,7 +162,16 @@ def docker_daemon() -> Iterator[Docker]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+        _unmount_under(tmp)  # dockerd leaves exec/netns/default mounted, and overlays if killed
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _unmount_under(folder: Path) -> None:
+    """Lazily unmount everything mounted under ``folder``, deepest first."""
+    prefix = f"{folder}/"
+    points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, timeout=30, check=False)
 
 
 def ensure_base(docker: Docker, work: Path) -> float | None:
