@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     rexport.add_argument("--name", default="sre-agent-rules")
     rexport.add_argument("--namespace", default="monitoring")
 
-    sim = sub.add_parser("simulate", help="serve a simulated vLLM fleet's /metrics on 127.0.0.1",
+    sim = sub.add_parser("simulate", help="serve a simulated vLLM fleet's /metrics (on 127.0.0.1 by default)",
                          description="Serve realistic vLLM /metrics for N replicas driven by a queueing model. "
                                      "POST {\"replicas\": N} to the control port's /scale to scale.")
     _fleet_flags(sim, default_port=8000, default_scenario="steady")
+    sim.add_argument("--host", default="127.0.0.1",
+                     help="address every replica and the control port listen on (default %(default)s; "
+                          "0.0.0.0 in a container, so other containers reach it)")
     _log_flags(sim)
 
     demo = sub.add_parser("demo", help="run a simulated fleet and the agent together, with a live view",
@@ -221,7 +225,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 async def _simulate_async(args: argparse.Namespace) -> int:
-    fleet = Fleet(fleet_config(args))
+    fleet = Fleet(replace(fleet_config(args), host=args.host))
     await fleet.start()
     log = structlog.get_logger("agent.simulate")
     log.info("simulator serving", targets=fleet.targets, control=fleet.control_url, scenario=args.scenario)

@@ -39,6 +39,23 @@ def simulator() -> Iterator[list[str]]:
     assert proc.wait(timeout=20) == 0
 
 
+def test_simulate_host_binds_every_interface() -> None:
+    """simulate --host 0.0.0.0 (what a container needs) binds all interfaces: the printed URLs name the
+    host given, and the replicas answer on 127.0.0.1 too."""
+    proc = subprocess.Popen([PY, "-m", "agent", "simulate", "--host", "0.0.0.0", "--port", "0", "--replicas", "1",
+                             "--lmdeploy", "0", "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://0.0.0.0:") and url.endswith("/metrics"), url
+        port = int(url.removeprefix("http://0.0.0.0:").split("/")[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            assert b"vllm:" in resp.read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
 def test_help_explains_commands(capsys: pytest.CaptureFixture[str]) -> None:
     """--help lists every command with a one-line explanation."""
     with pytest.raises(SystemExit) as info:

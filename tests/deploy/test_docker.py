@@ -59,6 +59,17 @@ def _ignored(path: str) -> bool:
                or path.startswith(p.rstrip("/") + "/") for p in _ignore_patterns())
 
 
+def test_pip_build_arguments_stay_out_of_the_image():
+    """PIP_INDEX_URL and PIP_EXTRA_CA are build arguments (no default, so unset unless given), used
+    by the pip step only: no ENV names them and the temporary CA bundle is removed in that step."""
+    args = _all("ARG")
+    assert "PIP_INDEX_URL" in args and "PIP_EXTRA_CA" in args
+    assert not any("PIP_" in e for e in " ".join(_all("ENV")).split())
+    [pip] = [a for a in _all("RUN") if "pip install" in a]
+    assert "PIP_EXTRA_CA" in pip and "export PIP_CERT=/tmp/pip-ca.pem" in pip
+    assert pip.rstrip().endswith("rm -rf /src /tmp/pip-ca.pem")
+
+
 def test_base_is_an_argument():
     assert INSTRUCTIONS[0] == ("ARG", "BASE=debian:bookworm-slim")
     assert _all("FROM") == ["${BASE}"]
@@ -81,7 +92,10 @@ def test_healthcheck_uses_python_on_healthz():
     assert "CMD" in check
     cmd = json.loads(check.split("CMD", 1)[1])
     assert cmd[0].endswith("/python")
-    assert "http://127.0.0.1:9400/healthz" in cmd[-1]
+    # the URL is an ENV default (9400, what EXPOSE and the default config use), overridable with -e
+    assert "os.environ['SRE_AGENT_HEALTHCHECK_URL']" in cmd[-1]
+    env = " ".join(_all("ENV")).split()
+    assert "SRE_AGENT_HEALTHCHECK_URL=http://127.0.0.1:9400/healthz" in env
     assert "curl" not in check and "wget" not in check  # neither is in the slim image
 
 
