@@ -48,6 +48,7 @@ from agent.config.act import (
 )
 from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
 from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
+from agent.config.source import SourceConfig, SourceTLSConfig
 from agent.config.types import (
     ConfigModel,
     Duration,
@@ -80,6 +81,8 @@ __all__ = [
     "ServerConfig",
     "ServerTLSConfig",
     "SlackReceiverConfig",
+    "SourceConfig",
+    "SourceTLSConfig",
     "StoreConfig",
     "TargetConfig",
     "WebhookReceiverConfig",
@@ -168,6 +171,7 @@ class Config(ConfigModel):
     scrape: ScrapeConfig = ScrapeConfig()
     nvml: NvmlConfig = NvmlConfig()
     server: ServerConfig = ServerConfig()
+    source: SourceConfig = SourceConfig()
     rules: RulesConfig = RulesConfig()
     state: StateConfig = StateConfig()
     store: StoreConfig = StoreConfig()
@@ -179,6 +183,16 @@ class Config(ConfigModel):
     scaling: ScalingConfig = ScalingConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_default_target_remotely(cls, data: Any) -> Any:
+        """With a remote source the server scrapes: no default target unless ``targets`` is given."""
+        if isinstance(data, dict) and "targets" not in data:
+            source = data.get("source")
+            if isinstance(source, dict) and source.get("type") == "prometheus":
+                return {**data, "targets": []}
+        return data
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Config:
