@@ -29,6 +29,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from agent.act import ActCollector, ActLayer
 from agent.app.connections import AcceptErrorLog
+from agent.app.recording import RecordingPlacement
 from agent.app.server import (
     BACKLOG,
     FD_RESERVE,
@@ -116,6 +117,8 @@ class Agent:
         # Prometheus mode: rule groups query the server, except source.local_groups (the agent's own)
         self.source = RemoteSource(config.source) if config.source.remote else None
         self._local_groups = frozenset(config.source.local_groups)
+        self._remote_restored: set[str] = set()
+        self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=False)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
@@ -267,7 +270,17 @@ class Agent:
     async def evaluate(self, group: Group) -> None:
         now_ms = int(self._clock() * 1000)
         if self.source is not None and group.spec.name not in self._local_groups:
-            events = await self.rules.eval_group_remote(group, now_ms, self.source.instant)
+            await self.recording.check(self.source)
+            events = await self.rules.eval_group_remote(group, now_ms, self.source.instant,
+                                                        alerts_only=self.recording.server_runs_them)
+            if group.spec.name not in self._remote_restored:  # a new state database: activeAt from the server
+                self._remote_restored.add(group.spec.name)
+                tolerance_ms = int(self.config.rules.outage_tolerance * 1000)
+                restored = await self.rules.restore_remote(group, now_ms, self.source.instant,
+                                                           outage_tolerance_ms=tolerance_ms)
+                if restored:
+                    log.info("alert state restored from the source's ALERTS_FOR_STATE", group=group.spec.name,
+                             alerts=restored)
         else:
             events = self.rules.eval_group(group, now_ms)
         await self.act.observe(group, events, now_ms)

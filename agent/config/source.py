@@ -70,6 +70,11 @@ class SourceConfig(Credentials):
     # fails the evaluation (no alert changes, like a failed query); "warn" uses it, logs and counts.
     partial_response: Literal["abort", "warn"] = "abort"
     local_groups: list[str] = Field(default_factory=lambda: ["sre-agent"])
+    # Where the bundled recording rules run. "server": loaded into the server (``sre-agent rules export``
+    # or the PrometheusRule); the agent evaluates only alerting rules. "agent": the agent evaluates
+    # them and remote_write sends the results back. "auto": "server" if the server's rules API lists
+    # every one of them, else "agent".
+    recording_rules: Literal["auto", "server", "agent"] = "auto"
 
     @field_validator("url")
     @classmethod

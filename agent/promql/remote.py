@@ -131,6 +131,26 @@ class RemoteSource:
             await self._session.close()
             self._session = None
 
+    async def recording_rules(self) -> set[str]:
+        """Names of the recording rules the server evaluates itself (``GET /api/v1/rules?type=record``:
+        Prometheus, Thanos and Mimir rulers, VictoriaMetrics with ``-vmalert.proxyURL``).
+        :class:`SourceError` when the server has no rules API or does not answer."""
+        url = f"{self.config.url}/api/v1/rules"
+        try:
+            async with self._open().get(url, params={"type": "record"}) as resp:
+                raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+        try:
+            body = json.loads(raw)
+            groups = body["data"]["groups"] if status < 400 and body.get("status") == "success" else None
+            if groups is None:
+                raise SourceError(f"{url}: HTTP {status}: {str(body.get('error', 'no rules API'))[:_BODY_EXCERPT]}")
+            return {str(r["name"]) for g in groups for r in g.get("rules", []) if r.get("type") == "recording"}
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise SourceError(f"{url}: HTTP {status}, not the rules API's JSON") from exc
+
     async def instant(self, query: str, at_ms: int) -> list[tuple[Labels, float]]:
         """The rule result of ``query`` at ``at_ms`` − ``query_offset``; :class:`SourceError` if unusable."""
         try:

@@ -104,6 +104,7 @@ class RuleState:
     last_eval_ms: int = 0
     eval_seconds: float = 0.0
     alerts: dict[Labels, Alert] = field(default_factory=dict)
+    restored: bool = False  # state came back from the state database: no restore from a remote server
 
 
 @dataclass
@@ -153,17 +154,21 @@ class RuleManager:
         group.last_eval_ms, group.eval_seconds = at_ms, time.perf_counter() - t0
         return events
 
-    async def eval_group_remote(self, group: Group, at_ms: int, query: RemoteQuery) -> list[AlertEvent]:
+    async def eval_group_remote(self, group: Group, at_ms: int, query: RemoteQuery, *,
+                                alerts_only: bool = False) -> list[AlertEvent]:
         """Evaluate ``group`` at ``at_ms`` through ``query`` (a remote server's instant-query API).
 
         The same state machine as :meth:`eval_group`; only where a rule's result comes from
         differs. A query that fails (server down, 5xx, timeout, ``status: error``, a partial
         answer refused) changes none of the rule's alerts: nothing resolves and a ``for``
-        timer keeps running, as in Prometheus' ``rules/alerting.go``.
+        timer keeps running, as in Prometheus' ``rules/alerting.go``. ``alerts_only`` skips
+        the recording rules (the server evaluates them itself).
         """
         t0 = time.perf_counter()
         events: list[AlertEvent] = []
         for rule in group.rules:
+            if alerts_only and rule.spec.kind == "record":
+                continue
             r0 = time.perf_counter()
             try:
                 _check_type(rule)
@@ -335,6 +340,7 @@ class RuleManager:
                 if rule.spec.kind != "alert" or entry is None:
                     continue
                 down_at_ms, alerts = entry
+                rule.restored = True
                 down_for = max(0, now_ms - down_at_ms)
                 for data in alerts:
                     state = AlertState(data["state"])
@@ -351,6 +357,37 @@ class RuleManager:
                                                 float(data.get("value", 0.0)), state, active_at,
                                                 fired_at_ms=int(data.get("fired_at_ms", 0)),
                                                 resolved_at_ms=resolved_at)
+                    count += 1
+        return count
+
+    async def restore_remote(self, group: Group, at_ms: int, query: RemoteQuery, *, outage_tolerance_ms: int) -> int:
+        """After the first remote evaluation of ``group``: take ``activeAt`` from the server's
+        ``ALERTS_FOR_STATE`` for alerts whose rule had no saved state (a new state database).
+
+        The series is written by whoever evaluated these rules before (the agent's remote write,
+        an HA peer, or Prometheus evaluating the same files), so an alert that has been pending
+        or firing for an hour stays an hour old instead of starting its ``for`` again. As in
+        Prometheus' ``RestoreForState`` the lookback is ``outage_tolerance``; the series' labels
+        must include every label of the alert (a server adds its own, such as ``replica``).
+        The earliest ``activeAt`` wins. Returns how many alerts were restored; a query that
+        fails restores nothing and is not retried (the alerts simply start now).
+        """
+        count, window = 0, f"{max(1, outage_tolerance_ms // 1000)}s"
+        for rule in group.rules:
+            if rule.spec.kind != "alert" or rule.restored or not rule.alerts:
+                continue
+            rule.restored = True
+            name = rule.spec.name.replace("\\", "\\\\").replace('"', '\\"')
+            try:
+                found = await query(f'last_over_time(ALERTS_FOR_STATE{{alertname="{name}"}}[{window}])', at_ms)
+            except PromQLError as exc:
+                log.warning("cannot restore alert state from the source", rule=rule.spec.name, error=str(exc))
+                continue
+            for key, alert in rule.alerts.items():
+                wanted = set(key)
+                earlier = [v for labels, v in found if wanted <= set(labels) and math.isfinite(v)]
+                if alert.state is AlertState.PENDING and earlier and 0 < min(earlier) * 1000 < alert.active_at_ms:
+                    alert.active_at_ms = int(min(earlier) * 1000)
                     count += 1
         return count
 

@@ -150,3 +150,43 @@ async def test_same_alerts_as_prometheus_and_nothing_changes_while_it_is_down(tm
         finally:
             await agent.stop()
             await target.server.stop()
+
+
+SLOW_RULES = RULES.replace("for: 3s", "for: 1h")
+
+
+async def test_a_fresh_agent_takes_active_at_from_prometheus_alerts_for_state(tmp_path: Path) -> None:
+    """Prometheus has had the alert pending a while; an agent with a new state database starts
+    with Prometheus' activeAt (from ALERTS_FOR_STATE), not with its own first evaluation."""
+    rule_file = tmp_path / "remote.rules.yaml"
+    rule_file.write_text(SLOW_RULES)
+    target = MetricsTarget(value=7)
+    await target.server.start()
+    host = target.url.split("//")[1].split("/")[0]
+    scrape = [{"job_name": "e2e", "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
+    try:
+        async with Prometheus(tmp_path / "prom", [rule_file], scrape_configs=scrape) as prom:
+            async def pending_a_while() -> dict[str, Any] | None:
+                listed = (await prom.api("alerts"))["alerts"]
+                if listed and time.time() - parse_time(listed[0]["activeAt"]) > 3:
+                    return dict(listed[0])
+                await asyncio.sleep(0.2)
+                return None
+
+            theirs = await eventually(pending_a_while, timeout=60, what="ConditionHigh pending for 3s in Prometheus")
+            config = Config.model_validate({
+                "source": {"type": "prometheus", "url": prom.url}, "rules": {"files": [str(rule_file)]},
+                "server": {"listen": "127.0.0.1:0"}, "state": {"path": str(tmp_path / "new.db")},
+                "nvml": {"enabled": False},
+            })
+            agent = Agent(config)
+            try:
+                await agent.evaluate(_group(agent, "remote"))
+                (ours,) = agent.rules.alerts()
+                assert ours.state is AlertState.PENDING
+                # ALERTS_FOR_STATE holds whole seconds (Prometheus writes ActiveAt.Unix())
+                assert ours.active_at_ms == int(parse_time(theirs["activeAt"])) * 1000
+            finally:
+                await agent.stop()
+    finally:
+        await target.server.stop()

@@ -112,3 +112,30 @@ async def test_remote_and_embedded_evaluation_agree_on_the_same_data(tmp_path: P
         b = await remote.eval_group_remote(remote.groups[0], T0 + t * S, via_engine)
         assert [(e.kind, e.alert.labels, e.alert.value) for e in a] == \
             [(e.kind, e.alert.labels, e.alert.value) for e in b]
+
+
+async def test_a_new_state_database_takes_active_at_from_the_servers_alerts_for_state(tmp_path: Path) -> None:
+    """Pending for 50 s elsewhere (ALERTS_FOR_STATE on the server): the alert fires 10 s later, not 60 s."""
+    manager, server = _manager(tmp_path), FakeServer()
+    (group,) = manager.groups
+    await manager.eval_group_remote(group, T0, server.query)
+    alert_labels = dict(manager.alerts()[0].labels)
+    server.answer = [(labels_from(None, {**alert_labels, "replica": "b"}), (T0 - 50 * S) / 1000),
+                     (labels_from(None, {"alertname": "QueueGrowing", "model_name": "other"}), (T0 - 900 * S) / 1000)]
+    assert await manager.restore_remote(group, T0, server.query, outage_tolerance_ms=3_600_000) == 1
+    assert server.queries[-1] == ('last_over_time(ALERTS_FOR_STATE{alertname="QueueGrowing"}[3600s])', T0)
+    assert manager.alerts()[0].active_at_ms == T0 - 50 * S
+    server.answer = [(ELEMENT, 42.0)]
+    events = await manager.eval_group_remote(group, T0 + 10 * S, server.query)
+    assert [e.kind for e in events] == ["firing"]
+    assert await manager.restore_remote(group, T0, server.query, outage_tolerance_ms=3_600_000) == 0  # once
+
+
+async def test_no_remote_restore_over_state_from_the_database(tmp_path: Path) -> None:
+    manager, server = _manager(tmp_path), FakeServer()
+    (group,) = manager.groups
+    key = manager.rule_key(group, 0)
+    manager.restore({key: (T0, [])}, T0, outage_tolerance_ms=3_600_000)
+    await manager.eval_group_remote(group, T0, server.query)
+    assert await manager.restore_remote(group, T0, server.query, outage_tolerance_ms=3_600_000) == 0
+    assert len(server.queries) == 1  # only the evaluation
