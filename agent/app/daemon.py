@@ -49,6 +49,7 @@ from agent.collect.nvml import NvmlSource
 from agent.collect.scrape import Scraper
 from agent.config import Config
 from agent.promql import Engine
+from agent.promql.history import RemoteHistory
 from agent.promql.remote import RemoteSource
 from agent.rules.files import GroupSpec, load_rule_files
 from agent.rules.manager import AlertEvent, Group, RuleManager, rule_group_label
@@ -122,7 +123,8 @@ class Agent:
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
-        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock)
+        history = RemoteHistory(config.source) if config.source.remote else None
+        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history)
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
         sc = config.scrape
         self.scraper = Scraper(
