@@ -48,10 +48,12 @@ from agent.collect.discovery import FileSD, all_targets, expand_globs, static_ta
 from agent.collect.nvml import NvmlSource
 from agent.collect.scrape import Scraper
 from agent.config import Config
+from agent.errors import ConfigError, PromQLError
 from agent.promql import Engine
 from agent.promql.history import RemoteHistory
 from agent.promql.remote import RemoteSource
-from agent.rules.files import GroupSpec, load_rule_files
+from agent.promql.rewrite import Matcher, parse_selector
+from agent.rules.files import GroupSpec, load_rule_files, parametrize
 from agent.rules.manager import AlertEvent, Group, RuleManager, rule_group_label
 from agent.series import Observation, labels_from
 from agent.store import KeepList, RoundWriter, Store
@@ -70,6 +72,14 @@ _FAILING_RULES = "sre_agent_rule_group_failing_rules"
 #: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
 #: exist is kept, so loading reports it by name.
 rule_paths = expand_globs
+
+
+def rule_selector(text: str) -> list[Matcher]:
+    """``rules.selector`` as matchers; a ConfigError names the key (the config layer cannot parse PromQL)."""
+    try:
+        return parse_selector(text) if text.strip() else []
+    except PromQLError as exc:
+        raise ConfigError(f"rules.selector: {exc}") from exc
 
 
 def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
@@ -109,6 +119,7 @@ class Agent:
         self.config = config
         self._clock = clock
         groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
+        groups = parametrize(groups, selector=rule_selector(config.rules.selector), by=config.rules.by)
         self.store = Store(int(config.store.retention * 1000), keep_list(config, groups),
                            max_series=config.store.max_series)
         rc = config.rules

@@ -15,6 +15,7 @@ sizes as ``16MiB``, ``512KiB``, ``1GB`` or plain bytes.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -94,6 +95,7 @@ __all__ = [
     "parse_size",
 ]
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm serve --port 8000)
 
 
@@ -125,6 +127,19 @@ class RulesConfig(ConfigModel):
     external_labels: dict[str, str] = Field(default_factory=dict)
     external_url: str = ""
     outage_tolerance: Duration = 3600.0  # Prometheus' --rules.alert.outage-tolerance
+    # Mixin parameters for many clusters in one TSDB (Prometheus mode): a selector added to every
+    # series selector of every rule (cluster="a") and labels added to every aggregation and on(...)
+    # (cluster, namespace). The same as `sre-agent rules export --selector ... --by ...`.
+    selector: str = ""
+    by: list[str] = Field(default_factory=list)
+
+    @field_validator("by")
+    @classmethod
+    def _label_names(cls, v: list[str]) -> list[str]:
+        bad = [name for name in v if not _LABEL_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"not label names: {', '.join(map(repr, bad))}")
+        return v
 
     @field_validator("evaluation_interval")
     @classmethod

@@ -65,3 +65,22 @@ def test_credentials_come_from_env_and_are_redacted(tmp_path: Path) -> None:
     assert config.source.bearer_token is not None
     assert config.source.bearer_token.get_secret_value() == "hunter2"
     assert "hunter2" not in str(config.redacted())
+
+
+def test_rules_mixin_parameters_are_checked(tmp_path: Path) -> None:
+    config = _load(tmp_path, "rules: {selector: 'cluster=\"a\"', by: [cluster, namespace]}\n")
+    assert (config.rules.selector, config.rules.by) == ('cluster="a"', ["cluster", "namespace"])
+    assert any("rules.by: not label names: 'clus-ter'" in e for e in _errors(tmp_path, "rules: {by: [clus-ter]}\n"))
+
+
+async def test_the_agent_applies_them_to_every_rule_and_names_a_bad_selector(tmp_path: Path) -> None:
+    from agent.app.daemon import Agent
+
+    base = {"state": {"path": ":memory:"}, "nvml": {"enabled": False}, "server": {"listen": "127.0.0.1:0"}}
+    agent = Agent(Config.model_validate({**base, "rules": {"selector": 'cluster="a"', "by": ["cluster"]}}))
+    exprs = {r.spec.name: r.spec.expr_text for g in agent.rules.groups for r in g.rules}
+    await agent.stop()
+    assert exprs["job_model:vllm_num_requests_waiting:sum"] == (
+        'sum by (job, model_name, cluster) (instance_model:vllm_num_requests_waiting:sum{cluster="a"})')
+    with pytest.raises(ConfigError, match=r"rules\.selector: not a label selector"):
+        Agent(Config.model_validate({**base, "rules": {"selector": "cluster"}}))
