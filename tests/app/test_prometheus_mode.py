@@ -22,6 +22,7 @@ from agent.rules.manager import AlertState, Group
 from tests.alertmanager import eventually
 from tests.e2e import MetricsTarget, parse_time
 from tests.prometheus import Prometheus
+from tests.receivers import RecordingServer, reply
 
 RULES = """
 groups:
@@ -53,9 +54,16 @@ def _group(agent: Agent, name: str) -> Group:
 
 
 async def _round(agent: Agent) -> None:
-    """What the scheduler does each interval: a (target-less) scrape cycle, then every group."""
+    """What the scheduler does each interval: a (target-less) scrape cycle, every group, a dispatch round."""
     await agent.scrape_cycle()
     await agent.evaluate_all()
+    await agent.act.tick()
+
+
+def _sent(am: RecordingServer, name: str) -> list[tuple[float, float]]:
+    """(when posted, endsAt) of each alert ``name`` the Alertmanager got, in order."""
+    return [(r.at, parse_time(a["endsAt"])) for r in am.posts("/api/v2/alerts") for a in r.json()
+            if a["labels"]["alertname"] == name]
 
 
 @pytest.mark.slow
@@ -67,14 +75,19 @@ async def test_same_alerts_as_prometheus_and_nothing_changes_while_it_is_down(tm
     host = target.url.split("//")[1].split("/")[0]
     scrape = [{"job_name": "e2e", "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
     clock = Clock()
+    am = RecordingServer(responder=reply(200, json_body={}), clock=clock)  # records what an Alertmanager gets
+    await am.start()
     async with Prometheus(tmp_path / "prom", [rule_file], scrape_configs=scrape) as prom:
         config = Config.model_validate({
             "source": {"type": "prometheus", "url": prom.url, "timeout": "1s"},
             "rules": {"files": [str(rule_file), str(bundled_rules_dir() / "agent.rules.yaml")]},
             "server": {"listen": "127.0.0.1:0"}, "state": {"path": str(tmp_path / "state.db")},
             "nvml": {"enabled": False},
+            "receivers": [{"name": "am", "alertmanager": {"urls": [am.url("")], "resend_delay": "15s"}}],
+            "route": {"receiver": "am"},
         })
         agent = Agent(config, clock=clock)
+        await agent.act.start()  # the dispatcher (start() would also start the scheduler; the test drives rounds)
         try:
             # 1. Prometheus and the agent fire the same alert
             target.set(7)
@@ -98,8 +111,10 @@ async def test_same_alerts_as_prometheus_and_nothing_changes_while_it_is_down(tm
             remote = _group(agent, "remote")
             assert remote.rules[0].health == "ok"
 
-            # 2. Prometheus is down for two minutes (of the agent's time): nothing resolves, our own alert fires
+            # 2. Prometheus is down for two minutes (of the agent's time): nothing resolves, our own alert fires,
+            # and the Alertmanager keeps getting the firing alert with endsAt ahead, so it does not resolve it there
             await prom.stop()
+            before = len(_sent(am, "ConditionHigh"))
             for _ in range(9):
                 clock.skew += 15
                 await _round(agent)
@@ -118,6 +133,10 @@ async def test_same_alerts_as_prometheus_and_nothing_changes_while_it_is_down(tm
                              (("rule_group", f"{rule_file};remote"),))] == remote.failures
             assert exported[("sre_agent_source_up", (("url", prom.url),))] == 0.0
             assert exported[("sre_agent_source_query_failures_total", (("reason", "unreachable"),))] >= 9
+            during = _sent(am, "ConditionHigh")[before:]
+            assert len(during) >= 8  # every 15 s resend_delay of the two minutes
+            assert all(ends > at for at, ends in during)  # endsAt = now + 4 x max(interval, resend_delay)
+            assert _sent(am, "SREAgentRuleEvaluationsFailing")
 
             # 3. it hangs (SIGSTOP): the query times out, still nothing changes
             await prom.restart()
@@ -150,6 +169,7 @@ async def test_same_alerts_as_prometheus_and_nothing_changes_while_it_is_down(tm
         finally:
             await agent.stop()
             await target.server.stop()
+            await am.stop()
 
 
 SLOW_RULES = RULES.replace("for: 3s", "for: 1h")
