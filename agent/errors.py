@@ -15,6 +15,7 @@ with ``raise ... from exc`` so the cause is never lost.
     ├── RegexError             a pattern Go's RE2 refuses (also a ValueError; names the matcher)
     ├── StoreError             a store query or write was invalid
     ├── PromQLError            a PromQL expression failed to parse or evaluate
+    │   ├── SourceError        a remote server did not answer a rule's query usably (names why)
     │   └── UnsupportedError   valid PromQL outside the engine's subset (names the construct)
     ├── TemplateError          an annotation/label template failed to parse or render
     ├── RuleError              a rule file or rule is invalid (names file, group, rule)
@@ -38,6 +39,7 @@ __all__ = [
     "RuleError",
     "ScrapeError",
     "SimulatorError",
+    "SourceError",
     "StateError",
     "StoreError",
     "TemplateError",
@@ -91,6 +93,13 @@ class StoreError(AgentError):
 
 class PromQLError(AgentError):
     """A PromQL expression is invalid (syntax, types) or failed to evaluate."""
+
+
+class SourceError(PromQLError):
+    """A remote server (Prometheus, VictoriaMetrics, Thanos, Mimir) did not answer a query usably:
+    unreachable, timed out, an HTTP error, ``status: error``, or a partial answer refused. A
+    :class:`PromQLError`, so a rule that meets one fails the way a bad expression does: its
+    alerts stay as they were."""
 
 
 class UnsupportedError(PromQLError):

@@ -93,8 +93,19 @@ class GoServer:
             self._session = None
         await self.after_stop()
 
-    async def _start(self, binary: str) -> bool:
-        self.port = free_port()
+    async def restart(self) -> None:
+        """Stop the process and start it again on the same port (and data directory), like a server that blinks."""
+        await self.stop()
+        if not await self._start(self.binary(), port=self.port):
+            pytest.fail(f"{self.NAME} did not start again; its log:\n{self._log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, f"{self.NAME} is not running"
+        return self._proc.pid
+
+    async def _start(self, binary: str, *, port: int = 0) -> bool:
+        self.port = port or free_port()
         with self._log_path.open("ab") as log:
             self._proc = await asyncio.create_subprocess_exec(
                 binary, *self.arguments(), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)

@@ -29,6 +29,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from agent.act import ActCollector, ActLayer
 from agent.app.connections import AcceptErrorLog
+from agent.app.recording import RecordingPlacement
 from agent.app.server import (
     BACKLOG,
     FD_RESERVE,
@@ -40,16 +41,20 @@ from agent.app.server import (
     serve,
     server_status,
 )
-from agent.app.telemetry import AgentCollector, build_registry
+from agent.app.telemetry import AgentCollector, SourceCollector, build_registry
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
 from agent.collect import catalog
 from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
 from agent.collect.nvml import NvmlSource
 from agent.collect.scrape import Scraper
 from agent.config import Config
+from agent.errors import ConfigError, PromQLError
 from agent.promql import Engine
-from agent.rules.files import GroupSpec, load_rule_files
-from agent.rules.manager import AlertEvent, Group, RuleManager
+from agent.promql.history import RemoteHistory
+from agent.promql.remote import RemoteSource
+from agent.promql.rewrite import Matcher, parse_selector
+from agent.rules.files import GroupSpec, load_rule_files, parametrize
+from agent.rules.manager import AlertEvent, Group, RuleManager, rule_group_label
 from agent.series import Observation, labels_from
 from agent.store import KeepList, RoundWriter, Store
 
@@ -60,11 +65,21 @@ log = structlog.get_logger(__name__)
 _GC_INTERVAL_S = 60.0
 _LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
 _STATE_FAILURES = "sre_agent_state_write_failures_total"  # also on /metrics (agent.act.ActCollector)
+_RULE_FAILURES = "sre_agent_rule_evaluation_failures_total"  # these two also on /metrics (agent.app.telemetry)
+_FAILING_RULES = "sre_agent_rule_group_failing_rules"
 
 
 #: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
 #: exist is kept, so loading reports it by name.
 rule_paths = expand_globs
+
+
+def rule_selector(text: str) -> list[Matcher]:
+    """``rules.selector`` as matchers; a ConfigError names the key (the config layer cannot parse PromQL)."""
+    try:
+        return parse_selector(text) if text.strip() else []
+    except PromQLError as exc:
+        raise ConfigError(f"rules.selector: {exc}") from exc
 
 
 def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
@@ -104,16 +119,23 @@ class Agent:
         self.config = config
         self._clock = clock
         groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
+        groups = parametrize(groups, selector=rule_selector(config.rules.selector), by=config.rules.by)
         self.store = Store(int(config.store.retention * 1000), keep_list(config, groups),
                            max_series=config.store.max_series)
         rc = config.rules
         self.engine = Engine(self.store, subquery_step_ms=int(rc.evaluation_interval * 1000))
         self.rules = RuleManager(groups, self.store, self.engine, default_interval_s=rc.evaluation_interval,
                                  external_labels=rc.external_labels, external_url=rc.external_url)
+        # Prometheus mode: rule groups query the server, except source.local_groups (the agent's own)
+        self.source = RemoteSource(config.source) if config.source.remote else None
+        self._local_groups = frozenset(config.source.local_groups)
+        self._remote_restored: set[str] = set()
+        self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=False)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
-        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock)
+        history = RemoteHistory(config.source) if config.source.remote else None
+        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history)
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
         sc = config.scrape
         self.scraper = Scraper(
@@ -139,6 +161,7 @@ class Agent:
             ActCollector(self.act),
             DiagnosticsCollector(self.diagnostics),
             HttpCollector(self.http_guard, self._accept_log),
+            *([SourceCollector(self.source)] if self.source is not None else []),
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._http: HttpServer | None = None
@@ -224,15 +247,23 @@ class Agent:
 
     def _write_self_metrics(self) -> None:
         """The agent's own series its bundled rules read (``rules/agent.rules.yaml``: state database writes,
-        the store's series cap), also on /metrics, written into its store so SREAgentStateWritesFailing
-        and SREAgentStoreSeriesLimitReached fire without a Prometheus scraping the agent."""
+        the store's series cap, rule evaluation), also on /metrics, written into its store so
+        SREAgentStateWritesFailing, SREAgentStoreSeriesLimitReached and SREAgentRuleEvaluationsFailing
+        fire without a Prometheus scraping the agent."""
         st, now_ms = self.store, int(self._clock() * 1000)
-        self._self_writer.write(((labels_from(name), float(value), now_ms) for name, value in (
+        rows = [(labels_from(name), float(value), now_ms) for name, value in (
             (_STATE_FAILURES, self.act.health.write_failures),
             ("sre_agent_store_series", st.series_count),
             ("sre_agent_store_max_series", st.max_series),
             ("sre_agent_store_refused_series_total", st.refused_series),
-        )), now_ms)
+        )]
+        # per group, so SREAgentRuleEvaluationsFailing fires even while a remote source is down
+        for g in self.rules.groups:
+            group_label = {"rule_group": rule_group_label(g)}
+            rows.append((labels_from(_RULE_FAILURES, group_label), float(g.failures), now_ms))
+            rows.append((labels_from(_FAILING_RULES, group_label), float(sum(r.health == "err" for r in g.rules)),
+                         now_ms))
+        self._self_writer.write(rows, now_ms)
 
     async def poll_nvml(self) -> None:
         nv = self.nvml
@@ -251,7 +282,20 @@ class Agent:
 
     async def evaluate(self, group: Group) -> None:
         now_ms = int(self._clock() * 1000)
-        events = self.rules.eval_group(group, now_ms)
+        if self.source is not None and group.spec.name not in self._local_groups:
+            await self.recording.check(self.source)
+            events = await self.rules.eval_group_remote(group, now_ms, self.source.instant,
+                                                        alerts_only=self.recording.server_runs_them)
+            if group.spec.name not in self._remote_restored:  # a new state database: activeAt from the server
+                self._remote_restored.add(group.spec.name)
+                tolerance_ms = int(self.config.rules.outage_tolerance * 1000)
+                restored = await self.rules.restore_remote(group, now_ms, self.source.instant,
+                                                           outage_tolerance_ms=tolerance_ms)
+                if restored:
+                    log.info("alert state restored from the source's ALERTS_FOR_STATE", group=group.spec.name,
+                             alerts=restored)
+        else:
+            events = self.rules.eval_group(group, now_ms)
         await self.act.observe(group, events, now_ms)
         for e in events:
             self.events.append(e)
@@ -348,6 +392,8 @@ class Agent:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
         await self.scraper.close()
+        if self.source is not None:
+            await self.source.close()
         await self.diagnostics.stop()
         await self.act.stop()
         if self._http is not None:

@@ -18,11 +18,12 @@ from prometheus_client.registry import Collector
 
 from agent import __version__
 from agent.collect.scrape import Scraper
-from agent.rules.manager import AlertState, RuleManager
+from agent.promql.remote import RemoteSource
+from agent.rules.manager import AlertState, RuleManager, rule_group_label
 from agent.series import Observation
 from agent.store import AppendResult, Store
 
-__all__ = ["AgentCollector", "CycleStats", "build_registry"]
+__all__ = ["AgentCollector", "CycleStats", "SourceCollector", "build_registry"]
 
 
 class CycleStats(Protocol):
@@ -70,15 +71,19 @@ class AgentCollector(Collector):
                                 "Wall time of the group's last evaluation.", labels=["rule_group"])
         failing = GaugeMetricFamily("sre_agent_rule_group_failing_rules",
                                     "Rules whose last evaluation failed.", labels=["rule_group"])
+        failures = CounterMetricFamily("sre_agent_rule_evaluation_failures",
+                                       "Rule evaluations that failed (a query error, or a remote source that did "
+                                       "not answer); the rule's alerts stay as they were.", labels=["rule_group"])
         for g in rules.groups:
-            key = [f"{g.spec.file};{g.spec.name}"]  # Prometheus' rule_group label format
+            key = [rule_group_label(g)]
             dur.add_metric(key, g.eval_seconds)
             failing.add_metric(key, sum(r.health == "err" for r in g.rules))
+            failures.add_metric(key, g.failures)
         alerts = GaugeMetricFamily("sre_agent_alerts", "Active alerts by state.", labels=["state"])
         active = rules.alerts()
         for state in (AlertState.PENDING, AlertState.FIRING):
             alerts.add_metric([state.value], sum(a.state is state for a in active))
-        yield from (dur, failing, alerts)
+        yield from (dur, failing, failures, alerts)
 
     def _targets(self) -> Iterator[Metric]:
         lbl = ["job", "instance"]
@@ -149,3 +154,23 @@ def build_registry(*collectors: Collector) -> CollectorRegistry:
     for c in collectors:
         registry.register(c)
     return registry
+
+
+class SourceCollector(Collector):
+    """The remote rule source (Prometheus mode): whether it answers, and why not."""
+
+    def __init__(self, source: RemoteSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("sre_agent_source_up", "1 if the last query to the rule source got a usable answer.",
+                               labels=["url"])
+        up.add_metric([self._source.config.url or ""], 1.0 if self._source.up else 0.0)
+        failed = CounterMetricFamily("sre_agent_source_query_failures",
+                                     "Queries to the rule source that failed, by reason.", labels=["reason"])
+        for reason, n in sorted(self._source.failures.items()):
+            failed.add_metric([reason], n)
+        partial = CounterMetricFamily("sre_agent_source_partial_answers",
+                                      "Partial answers (warnings or isPartial) used under partial_response: warn.")
+        partial.add_metric([], self._source.partial_answers)
+        yield from (up, failed, partial)

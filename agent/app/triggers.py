@@ -28,6 +28,7 @@ line, or a target that flaps, does not flood a channel.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +46,7 @@ from agent.diagnose.logtail import LogTailer
 from agent.diagnose.nccl import judge
 from agent.diagnose.nccl.interconnects import check_configured
 from agent.diagnose.nccl.run import command_from_config, run_nccl
+from agent.diagnose.oom.context import HISTORY_MS
 from agent.diagnose.oom.evidence import parse_evidence
 from agent.diagnose.oom.verdict import (
     DEFAULT_UTILIZATION,
@@ -53,7 +55,8 @@ from agent.diagnose.oom.verdict import (
     diagnose_oom,
     headroom_utilization,
 )
-from agent.errors import DiagnosisError
+from agent.errors import DiagnosisError, SourceError
+from agent.promql.history import RemoteHistory
 from agent.store import Store
 
 __all__ = ["Diagnostics", "DiagnosticsCollector"]
@@ -86,10 +89,12 @@ class Diagnostics:
     ``runner`` (:func:`~agent.diagnose.nccl.run.run_nccl`'s signature) are injectable."""
 
     def __init__(self, config: Config, store: Store, post: Post, *, clock: Callable[[], float] = time.time,
-                 runner: Callable[..., Any] = run_nccl) -> None:
+                 runner: Callable[..., Any] = run_nccl, history: RemoteHistory | None = None) -> None:
         check_configured(config.diagnostics.nccl.interconnect)
         self._cfg = config.diagnostics
         self._store = store
+        self._history = history  # Prometheus mode: the fleet's series are in the server, not in the store
+        self._history_tasks: set[asyncio.Task[None]] = set()
         self._post = post
         self._clock = clock
         self._runner = runner
@@ -238,12 +243,33 @@ class Diagnostics:
             # Hostname and the GPU in UUID/gpu; `instance` is the exporter's address, not the node.
             lab = alert.labels
             host = lab.get("Hostname") or lab.get("hostname") or lab.get("instance", "")
-            ctx = context_from_store(self._store, host, now_ms, gpu=lab.get("UUID") or lab.get("gpu") or None)
-            if ctx.gpu_memory_history:
-                t_ms, used, total = max(ctx.gpu_memory_history, key=lambda r: r[1] / r[2])
-                self._emit(self._runtime_finding(host, ctx, used, total, t_ms, went_down=False), alert, now_ms)
+            gpu = lab.get("UUID") or lab.get("gpu") or None
+            if self._history is not None:
+                task = asyncio.get_running_loop().create_task(self._gpu_memory_remote(alert, host, gpu, now_ms))
+                self._history_tasks.add(task)
+                task.add_done_callback(self._history_tasks.discard)
+                return
+            self._gpu_memory_finding(alert, context_from_store(self._store, host, now_ms, gpu=gpu), host, now_ms)
         else:
             log.debug("no diagnosis for this alert", alertname=name)
+
+    def _gpu_memory_finding(self, alert: AlertSnapshot, ctx: OomContext, host: str, now_ms: int) -> None:
+        if ctx.gpu_memory_history:
+            t_ms, used, total = max(ctx.gpu_memory_history, key=lambda r: r[1] / r[2])
+            self._emit(self._runtime_finding(host, ctx, used, total, t_ms, went_down=False), alert, now_ms)
+
+    async def _gpu_memory_remote(self, alert: AlertSnapshot, host: str, gpu: str | None, now_ms: int) -> None:
+        """The GPU's memory history from the server (a range query in a worker thread), then the same
+        finding as from the embedded store."""
+        assert self._history is not None
+        selectors = [f"{name}{{{label}={json.dumps(host)}}}" for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
+                     for label in ("Hostname", "hostname")]
+        try:
+            store = await asyncio.to_thread(self._history.fetch, selectors, now_ms - HISTORY_MS, now_ms)
+        except SourceError as exc:
+            log.warning("no GPU memory history from the source; diagnosis skipped", host=host, error=str(exc))
+            return
+        self._gpu_memory_finding(alert, context_from_store(store, host, now_ms, gpu=gpu), host, now_ms)
 
     # -- nccl-tests -------------------------------------------------------------------------------------
     def request_nccl(self, *, reason: str, alert: AlertSnapshot | None = None) -> bool:
@@ -287,6 +313,8 @@ class Diagnostics:
     async def stop(self) -> None:
         if self._nccl_task is not None and not self._nccl_task.done():
             self._nccl_task.cancel()
+        for task in list(self._history_tasks):
+            task.cancel()
         if self._tailer is not None:
             self._tailer.close()
 

@@ -33,9 +33,10 @@ from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.cli.silence import add_parsers as add_act_parsers
 from agent.config import Config, bundled_rules_dir, load_config
 from agent.diagnose.nccl.interconnects import check_configured
-from agent.errors import AgentError, ConfigError, RuleError
+from agent.errors import AgentError, ConfigError, PromQLError, RuleError
 from agent.gocompat import yamlv3
-from agent.rules.files import load_rule_files, parse_rule_file
+from agent.promql.rewrite import Matcher, parse_selector, rewrite
+from agent.rules.files import load_rule_files, parametrize, parse_rule_file
 from agent.rules.promtool_test import run_test_file
 from agent.simulate.scenarios import SCENARIOS
 from agent.simulate.server import Fleet, FleetConfig
@@ -86,11 +87,21 @@ def _parser() -> argparse.ArgumentParser:
     rcheck.add_argument("files", nargs="*", type=Path)
     rtest = rsub.add_parser("test", help="run promtool-format rule unit tests on the agent's engine")
     rtest.add_argument("files", nargs="+", type=Path)
-    rexport = rsub.add_parser("export", help="print rule files as one Kubernetes object")
+    rexport = rsub.add_parser(
+        "export", help="print rule files for a Prometheus (a PrometheusRule, or one plain rule file)",
+        description="Print the rule files (default: the bundled ones) as one prometheus-operator PrometheusRule "
+                    "or as one Prometheus rule file, validated first. For many clusters in one TSDB, --selector "
+                    "adds label matchers to every series selector and --by adds labels to every aggregation "
+                    "and on(...), as monitoring mixins do; the agent's rules.selector and rules.by do the same.")
     rexport.add_argument("files", nargs="*", type=Path)
-    rexport.add_argument("--format", choices=["prometheusrule"], default="prometheusrule")
-    rexport.add_argument("--name", default="sre-agent-rules")
-    rexport.add_argument("--namespace", default="monitoring")
+    rexport.add_argument("--format", choices=["prometheusrule", "rules"], default="prometheusrule",
+                         help="prometheusrule (Kubernetes object) or rules (a file for rule_files:)")
+    rexport.add_argument("--name", default="sre-agent-rules", help="the PrometheusRule's name")
+    rexport.add_argument("--namespace", default="monitoring", help="the PrometheusRule's namespace")
+    rexport.add_argument("--selector", default="", metavar="MATCHERS",
+                         help='label matchers added to every series selector, e.g. \'cluster="a"\'')
+    rexport.add_argument("--by", default="", metavar="LABELS",
+                         help="comma-separated labels added to every aggregation and on(...), e.g. cluster,namespace")
 
     sim = sub.add_parser("simulate", help="serve a simulated vLLM fleet's /metrics (on 127.0.0.1 by default)",
                          description="Serve realistic vLLM /metrics for N replicas driven by a queueing model. "
@@ -255,7 +266,13 @@ def _rules(args: argparse.Namespace) -> int:
         return _rules_check(_rule_files(args.files))
     if args.rules_command == "test":
         return _rules_test(args.files)
-    return _rules_export(_rule_files(args.files), args.name, args.namespace)
+    try:
+        selector = parse_selector(args.selector) if args.selector.strip() else []
+    except PromQLError as exc:
+        print(f"--selector: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    by = [b.strip() for b in args.by.split(",") if b.strip()]
+    return _rules_export(_rule_files(args.files), args.name, args.namespace, fmt=args.format, selector=selector, by=by)
 
 
 def _rules_check(files: list[Path]) -> int:
@@ -290,12 +307,21 @@ def _rules_test(files: list[Path]) -> int:
     return EXIT_PROBLEM if failed else EXIT_OK
 
 
-def _rules_export(files: list[Path], name: str, namespace: str) -> int:
-    """The rule files as one ``monitoring.coreos.com/v1`` PrometheusRule (prometheus-operator)."""
-    load_rule_files(files)  # validate first: never export what would not load
+def _rules_export(files: list[Path], name: str, namespace: str, *, fmt: str = "prometheusrule",
+                  selector: list[Matcher] | None = None, by: list[str] | None = None) -> int:
+    """The rule files as one ``monitoring.coreos.com/v1`` PrometheusRule (prometheus-operator) or one
+    rule file, with the mixin parameters applied to every expression."""
+    parametrize(load_rule_files(files), selector=selector, by=by)  # validate first: never export what would not load
     groups: list[Any] = []
     for path in files:
         groups.extend((yamlv3.load_file(path) or {}).get("groups") or [])
+    if selector or by:
+        for g in groups:
+            for r in g.get("rules") or []:
+                r["expr"] = rewrite(str(r["expr"]), selector=selector, by=by)
+    if fmt == "rules":
+        print(yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000), end="")
+        return EXIT_OK
     obj = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

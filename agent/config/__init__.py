@@ -15,6 +15,7 @@ sizes as ``16MiB``, ``512KiB``, ``1GB`` or plain bytes.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +49,7 @@ from agent.config.act import (
 )
 from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
 from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
+from agent.config.source import SourceConfig, SourceTLSConfig
 from agent.config.types import (
     ConfigModel,
     Duration,
@@ -80,6 +82,8 @@ __all__ = [
     "ServerConfig",
     "ServerTLSConfig",
     "SlackReceiverConfig",
+    "SourceConfig",
+    "SourceTLSConfig",
     "StoreConfig",
     "TargetConfig",
     "WebhookReceiverConfig",
@@ -91,6 +95,7 @@ __all__ = [
     "parse_size",
 ]
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm serve --port 8000)
 
 
@@ -122,6 +127,19 @@ class RulesConfig(ConfigModel):
     external_labels: dict[str, str] = Field(default_factory=dict)
     external_url: str = ""
     outage_tolerance: Duration = 3600.0  # Prometheus' --rules.alert.outage-tolerance
+    # Mixin parameters for many clusters in one TSDB (Prometheus mode): a selector added to every
+    # series selector of every rule (cluster="a") and labels added to every aggregation and on(...)
+    # (cluster, namespace). The same as `sre-agent rules export --selector ... --by ...`.
+    selector: str = ""
+    by: list[str] = Field(default_factory=list)
+
+    @field_validator("by")
+    @classmethod
+    def _label_names(cls, v: list[str]) -> list[str]:
+        bad = [name for name in v if not _LABEL_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"not label names: {', '.join(map(repr, bad))}")
+        return v
 
     @field_validator("evaluation_interval")
     @classmethod
@@ -168,6 +186,7 @@ class Config(ConfigModel):
     scrape: ScrapeConfig = ScrapeConfig()
     nvml: NvmlConfig = NvmlConfig()
     server: ServerConfig = ServerConfig()
+    source: SourceConfig = SourceConfig()
     rules: RulesConfig = RulesConfig()
     state: StateConfig = StateConfig()
     store: StoreConfig = StoreConfig()
@@ -179,6 +198,16 @@ class Config(ConfigModel):
     scaling: ScalingConfig = ScalingConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_default_target_remotely(cls, data: Any) -> Any:
+        """With a remote source the server scrapes: no default target unless ``targets`` is given."""
+        if isinstance(data, dict) and "targets" not in data:
+            source = data.get("source")
+            if isinstance(source, dict) and source.get("type") == "prometheus":
+                return {**data, "targets": []}
+        return data
 
     @model_validator(mode="after")
     def _unique_targets(self) -> Config:

@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from agent.config.types import ByteSize, ConfigModel, Duration, check_url, format_duration
 
-__all__ = ["BasicAuthConfig", "FileSDConfig", "ScrapeConfig", "TargetConfig", "check_target_url"]
+__all__ = ["BasicAuthConfig", "Credentials", "FileSDConfig", "ScrapeConfig", "TargetConfig", "check_target_url"]
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -36,7 +36,7 @@ class BasicAuthConfig(ConfigModel):
     SECRETS = ("password",)
 
 
-class _Credentials(ConfigModel):
+class Credentials(ConfigModel):
     """How a scrape authenticates: a bearer token (``bearer_token_file``/``_env``) or basic auth,
     at most one of them (a request has one ``Authorization`` header)."""
 
@@ -46,13 +46,13 @@ class _Credentials(ConfigModel):
     SECRETS = ("bearer_token",)
 
     @model_validator(mode="after")
-    def _one_authorization(self) -> _Credentials:
+    def _one_authorization(self) -> Credentials:
         if self.bearer_token is not None and self.basic_auth is not None:
             raise ValueError("give bearer_token or basic_auth, not both (a request has one Authorization header)")
         return self
 
 
-class TargetConfig(_Credentials):
+class TargetConfig(Credentials):
     """One static scrape target: a vLLM or LMDeploy ``/metrics`` URL.
 
     Credentials in the URL (``http://user:pass@host/metrics``) are refused: a URL is what logs,
@@ -89,7 +89,7 @@ def check_target_url(v: str) -> str:
     return check_url(v)
 
 
-class FileSDConfig(_Credentials):
+class FileSDConfig(Credentials):
     """Prometheus ``file_sd`` files (JSON or YAML lists of ``{targets, labels}``). ``bearer_token``
     and ``basic_auth`` apply to every target the files list (a target address with credentials,
     ``user:pass@host:port``, is refused like a static URL with them)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from agent.config import parse_duration
 from agent.errors import PromQLError, RuleError, TemplateError, UnsupportedError
 from agent.gocompat import yamlv3
 from agent.promql import Expr, metric_names, parse
+from agent.promql.rewrite import Matcher, rewrite
 from agent.rules.template import Template, compile_template
 from agent.series import is_label_name
 
@@ -67,6 +68,27 @@ class GroupSpec:
             names |= n
             unnamed |= u
         return frozenset(names), unnamed
+
+
+def parametrize(groups: list[GroupSpec], *, selector: list[Matcher] | None = None,
+                by: list[str] | None = None) -> list[GroupSpec]:
+    """``groups`` with every expression rewritten for many clusters in one TSDB (the mixin parameters
+    of :mod:`agent.promql.rewrite`): ``selector`` on every series selector, ``by`` labels kept apart."""
+    if not selector and not by:
+        return groups
+    out, errors = [], []
+    for g in groups:
+        rules = []
+        for r in g.rules:
+            try:
+                text = rewrite(r.expr_text, selector=selector, by=by)
+                rules.append(replace(r, expr_text=text, expr=parse(text)))
+            except PromQLError as exc:
+                errors.append(f'{g.file}: group "{g.name}", rule "{r.name}": {exc}')
+        out.append(replace(g, rules=tuple(rules)))
+    if errors:
+        raise RuleError(errors)
+    return out
 
 
 def load_rule_files(paths: Iterable[str | Path]) -> list[GroupSpec]:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, cast
 
 import structlog
 
-from agent.errors import PromQLError, RuleError, TemplateError
+from agent.errors import AgentError, PromQLError, RuleError, TemplateError
 from agent.gocompat.fmt import format_float
 from agent.promql import Engine, Scalar, Vector
 from agent.rules.files import GroupSpec, RuleSpec
@@ -39,11 +39,16 @@ from agent.rules.template import Template
 from agent.series import METRIC_NAME, Labels, iso_ms, labels_from
 from agent.store import RoundWriter, Store
 
-__all__ = ["Alert", "AlertEvent", "AlertState", "Group", "RuleManager", "RuleState"]
+__all__ = ["Alert", "AlertEvent", "AlertState", "Group", "RemoteQuery", "Result", "RuleManager", "RuleState",
+           "rule_group_label"]
 
 log = structlog.get_logger(__name__)
 
 RESOLVED_RETENTION_MS = 15 * 60_000  # Prometheus' resolvedRetention
+
+Result = list[tuple[Labels, float]]  # one rule's instant result: (labels, value) per element
+# A remote instant query: (PromQL text, evaluation time in Unix ms) -> the result, or PromQLError
+RemoteQuery = Callable[[str, int], Awaitable[Result]]
 
 
 class AlertState(StrEnum):
@@ -99,6 +104,7 @@ class RuleState:
     last_eval_ms: int = 0
     eval_seconds: float = 0.0
     alerts: dict[Labels, Alert] = field(default_factory=dict)
+    restored: bool = False  # state came back from the state database: no restore from a remote server
 
 
 @dataclass
@@ -108,6 +114,7 @@ class Group:
     rules: list[RuleState]
     last_eval_ms: int = 0
     eval_seconds: float = 0.0
+    failures: int = 0  # rule evaluations that failed, for sre_agent_rule_evaluation_failures_total
 
 
 class RuleManager:
@@ -134,39 +141,80 @@ class RuleManager:
 
     # -- evaluation ------------------------------------------------------------------
     def eval_group(self, group: Group, at_ms: int) -> list[AlertEvent]:
+        """Evaluate ``group`` at ``at_ms`` over the local store (the embedded engine)."""
         t0 = time.perf_counter()
         events: list[AlertEvent] = []
         for rule in group.rules:
             r0 = time.perf_counter()
             try:
-                if rule.spec.kind == "record":
-                    self._record(group, rule, at_ms)
-                else:
-                    events.extend(self._alert(group, rule, at_ms))
-                rule.health, rule.last_error = "ok", ""
+                result: Result | AgentError = self._query(rule, at_ms)
             except (PromQLError, RuleError) as exc:
-                if rule.last_error != str(exc):
-                    log.warning("rule evaluation failed", group=group.spec.name, rule=rule.spec.name, error=str(exc))
-                rule.health, rule.last_error = "err", str(exc)
-            rule.last_eval_ms, rule.eval_seconds = at_ms, time.perf_counter() - r0
+                result = exc
+            events.extend(self._settle(group, rule, at_ms, result, r0))
+        group.last_eval_ms, group.eval_seconds = at_ms, time.perf_counter() - t0
+        return events
+
+    async def eval_group_remote(self, group: Group, at_ms: int, query: RemoteQuery, *,
+                                alerts_only: bool = False) -> list[AlertEvent]:
+        """Evaluate ``group`` at ``at_ms`` through ``query`` (a remote server's instant-query API).
+
+        The same state machine as :meth:`eval_group`; only where a rule's result comes from
+        differs. A query that fails (server down, 5xx, timeout, ``status: error``, a partial
+        answer refused) changes none of the rule's alerts: nothing resolves and a ``for``
+        timer keeps running, as in Prometheus' ``rules/alerting.go``. ``alerts_only`` skips
+        the recording rules (the server evaluates them itself).
+        """
+        t0 = time.perf_counter()
+        events: list[AlertEvent] = []
+        for rule in group.rules:
+            if alerts_only and rule.spec.kind == "record":
+                continue
+            r0 = time.perf_counter()
+            try:
+                _check_type(rule)
+                result: Result | AgentError = await query(rule.spec.expr_text, at_ms)
+            except (PromQLError, RuleError) as exc:
+                result = exc
+            events.extend(self._settle(group, rule, at_ms, result, r0))
         group.last_eval_ms, group.eval_seconds = at_ms, time.perf_counter() - t0
         return events
 
     def eval_all(self, at_ms: int) -> list[AlertEvent]:
         return [e for g in self.groups for e in self.eval_group(g, at_ms)]
 
-    def _query(self, rule: RuleState, at_ms: int) -> list[tuple[Labels, float]]:
-        if rule.spec.expr.type not in ("vector", "scalar"):  # Prometheus fails such a rule at run time too
-            raise RuleError(f"rule result is not a vector or scalar but a {rule.spec.expr.type}")
+    def _settle(self, group: Group, rule: RuleState, at_ms: int, result: Result | AgentError,
+                started: float) -> list[AlertEvent]:
+        """Apply one rule's result (or its failure) to the rule's state; health, last error and
+        the group's failure count follow, like ``prometheus_rule_evaluation_failures_total``."""
+        events: list[AlertEvent] = []
+        try:
+            if isinstance(result, AgentError):
+                raise result
+            if rule.spec.kind == "record":
+                self._record(group, rule, at_ms, result)
+            else:
+                events = self._alert(group, rule, at_ms, result)
+            rule.health, rule.last_error = "ok", ""
+        except (PromQLError, RuleError) as exc:
+            if rule.last_error != str(exc):
+                log.warning("rule evaluation failed", group=group.spec.name, rule=rule.spec.name,
+                            query=rule.spec.expr_text, error=str(exc))
+            rule.health, rule.last_error = "err", str(exc)
+            group.failures += 1
+        rule.last_eval_ms, rule.eval_seconds = at_ms, time.perf_counter() - started
+        return events
+
+    def _query(self, rule: RuleState, at_ms: int) -> Result:
+        _check_type(rule)
         result = self.engine.instant(rule.spec.expr, at_ms)
         if isinstance(result, Scalar):
             return [((), result.value)]
         return [(s.labels, s.value) for s in cast(Vector, result)]  # a vector: the type check above
 
-    def _record(self, group: Group, rule: RuleState, at_ms: int) -> None:
+    def _record(self, group: Group, rule: RuleState, at_ms: int, result: Result) -> None:
         spec = rule.spec
         out: dict[Labels, float] = {}
-        for labels, value in self._query(rule, at_ms):
+        for labels, value in result:
             merged = {**dict(labels), **spec.labels}
             key = labels_from(spec.name, merged)
             if key in out:
@@ -176,10 +224,10 @@ class RuleManager:
             raise RuleError(f"exceeded limit of {group.spec.limit} with {len(out)} series")
         rule.writer.write(((k, v, at_ms) for k, v in out.items()), at_ms)
 
-    def _alert(self, group: Group, rule: RuleState, at_ms: int) -> list[AlertEvent]:
+    def _alert(self, group: Group, rule: RuleState, at_ms: int, result: Result) -> list[AlertEvent]:
         spec = rule.spec
         seen: dict[Labels, tuple[float, dict[str, str]]] = {}
-        for labels, value in self._query(rule, at_ms):
+        for labels, value in result:
             data = dict(labels)
             final = {k: v for k, v in data.items() if k != METRIC_NAME}
             for lname, tmpl in spec.label_templates.items():
@@ -292,6 +340,7 @@ class RuleManager:
                 if rule.spec.kind != "alert" or entry is None:
                     continue
                 down_at_ms, alerts = entry
+                rule.restored = True
                 down_for = max(0, now_ms - down_at_ms)
                 for data in alerts:
                     state = AlertState(data["state"])
@@ -308,6 +357,37 @@ class RuleManager:
                                                 float(data.get("value", 0.0)), state, active_at,
                                                 fired_at_ms=int(data.get("fired_at_ms", 0)),
                                                 resolved_at_ms=resolved_at)
+                    count += 1
+        return count
+
+    async def restore_remote(self, group: Group, at_ms: int, query: RemoteQuery, *, outage_tolerance_ms: int) -> int:
+        """After the first remote evaluation of ``group``: take ``activeAt`` from the server's
+        ``ALERTS_FOR_STATE`` for alerts whose rule had no saved state (a new state database).
+
+        The series is written by whoever evaluated these rules before (the agent's remote write,
+        an HA peer, or Prometheus evaluating the same files), so an alert that has been pending
+        or firing for an hour stays an hour old instead of starting its ``for`` again. As in
+        Prometheus' ``RestoreForState`` the lookback is ``outage_tolerance``; the series' labels
+        must include every label of the alert (a server adds its own, such as ``replica``).
+        The earliest ``activeAt`` wins. Returns how many alerts were restored; a query that
+        fails restores nothing and is not retried (the alerts simply start now).
+        """
+        count, window = 0, f"{max(1, outage_tolerance_ms // 1000)}s"
+        for rule in group.rules:
+            if rule.spec.kind != "alert" or rule.restored or not rule.alerts:
+                continue
+            rule.restored = True
+            name = rule.spec.name.replace("\\", "\\\\").replace('"', '\\"')
+            try:
+                found = await query(f'last_over_time(ALERTS_FOR_STATE{{alertname="{name}"}}[{window}])', at_ms)
+            except PromQLError as exc:
+                log.warning("cannot restore alert state from the source", rule=rule.spec.name, error=str(exc))
+                continue
+            for key, alert in rule.alerts.items():
+                wanted = set(key)
+                earlier = [v for labels, v in found if wanted <= set(labels) and math.isfinite(v)]
+                if alert.state is AlertState.PENDING and earlier and 0 < min(earlier) * 1000 < alert.active_at_ms:
+                    alert.active_at_ms = int(min(earlier) * 1000)
                     count += 1
         return count
 
@@ -346,6 +426,16 @@ class RuleManager:
 
 
 _STATE_ORDER = [AlertState.INACTIVE, AlertState.PENDING, AlertState.FIRING]
+
+
+def rule_group_label(group: Group) -> str:
+    """The ``rule_group`` label of a group's metrics: ``file;name``, Prometheus' format."""
+    return f"{group.spec.file};{group.spec.name}"
+
+
+def _check_type(rule: RuleState) -> None:
+    if rule.spec.expr.type not in ("vector", "scalar"):  # Prometheus fails such a rule at run time too
+        raise RuleError(f"rule result is not a vector or scalar but a {rule.spec.expr.type}")
 
 
 def _json_float(v: float) -> float | str:
