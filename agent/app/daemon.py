@@ -182,6 +182,9 @@ class Agent:
     async def expire_silence(self, silence_id: str) -> bool:
         return await self.act.expire_silence(silence_id)
 
+    async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.act.accept_webhook(body)
+
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
         return {
