@@ -292,11 +292,7 @@ class ActLayer:
         Alerts this agent raised itself (the same label set as an alert its rules hold now, pending,
         firing or recently resolved) came back through an Alertmanager it sends to: they were routed,
         diagnosed and recorded when they fired here, and are skipped (``own``)."""
-        try:
-            hook = intake.parse_webhook(body)
-        except ValueError:
-            self.intake_stats.rejected += 1
-            raise
+        hook = intake.parse_webhook(body)  # the HTTP layer counts a refusal (intake_stats.rejected)
         ours = {fingerprint(dict(a.labels)) for a in self._rules.alerts(
             states=(AlertState.PENDING, AlertState.FIRING, AlertState.INACTIVE))}  # on the loop, like evaluations
         theirs = [a for a in hook.alerts if fingerprint(a.labels) not in ours]
@@ -312,9 +308,11 @@ class ActLayer:
         stats["accepted"] += accepted.new
         stats["duplicate"] += accepted.duplicates
         stats["own"] += own
-        log.info("alertmanager webhook accepted", receiver=hook.receiver, source=hook.external_url,
-                 group_key=hook.group_key, status=hook.status, alerts=len(hook.alerts), new=accepted.new,
-                 duplicates=accepted.duplicates, own=own, truncated=hook.truncated)
+        # Alertmanager re-sends every group_interval change and repeat_interval: news at info, re-sends at debug
+        (log.info if accepted.new else log.debug)(
+            "alertmanager webhook accepted", receiver=hook.receiver, source=hook.external_url,
+            group_key=hook.group_key, status=hook.status, alerts=len(hook.alerts), new=accepted.new,
+            duplicates=accepted.duplicates, own=own, truncated=hook.truncated)
         return {"alerts": len(hook.alerts), "accepted": accepted.new, "duplicates": accepted.duplicates,
                 "own": own}
 

@@ -185,6 +185,9 @@ class Agent:
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.act.accept_webhook(body)
 
+    def webhook_refused(self) -> None:
+        self.act.intake_stats.rejected += 1
+
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
         return {

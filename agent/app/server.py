@@ -104,6 +104,8 @@ class AgentView(Protocol):
 
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
+    def webhook_refused(self) -> None: ...
+
 
 class _BadRequest(Exception):
     """A request the API refuses; answered with ``status`` and ``message`` (never escapes this module)."""
@@ -264,10 +266,14 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         return _error(404, "not_found", "no active or pending silence with that id")
 
     async def alertmanager_webhook(request: web.Request) -> web.Response:
-        body = await read_json_object(request, timeout_s=body_timeout)
         try:
+            body = await read_json_object(request, timeout_s=body_timeout)
             return _ok(await agent.accept_webhook(body))
+        except _BadRequest:
+            agent.webhook_refused()
+            raise
         except ValueError as exc:  # not Alertmanager's version-4 webhook, named by agent.act.intake
+            agent.webhook_refused()
             raise _BadRequest(str(exc)) from exc
         except StateError:  # logged by the act layer; a 5xx makes Alertmanager retry
             return _error(503, "unavailable", "the state database refused the write; retry later")
