@@ -70,10 +70,16 @@ class Alertmanager(GoServer):
 
     NAME = "Alertmanager"
 
-    def __init__(self, workdir: Path, *, group_by: tuple[str, ...] = ("alertname",)) -> None:
+    def __init__(self, workdir: Path, *, group_by: tuple[str, ...] = ("alertname",), webhook_url: str | None = None,
+                 bearer_token_file: Path | None = None, repeat_interval: str = "1h") -> None:
+        """``webhook_url`` points the receiver somewhere else than the recorder (the agent's intake), with
+        ``Authorization: Bearer`` from ``bearer_token_file`` (``http_config.authorization.credentials_file``)."""
         super().__init__(workdir)
         self.group_by = group_by
         self.recorder = RecordingServer()
+        self.webhook_url = webhook_url
+        self.bearer_token_file = bearer_token_file
+        self.repeat_interval = repeat_interval
 
     def binary(self) -> str:
         return alertmanager_binary()
@@ -86,22 +92,28 @@ class Alertmanager(GoServer):
 
     def arguments(self) -> list[str]:
         config = self.workdir / "alertmanager.yml"
+        hook: dict[str, Any] = {"url": self.webhook_url or self.recorder.url(HOOK_PATH), "send_resolved": True}
+        if self.bearer_token_file is not None:
+            hook["http_config"] = {"authorization": {"type": "Bearer",
+                                                     "credentials_file": str(self.bearer_token_file)}}
         config.write_text(json.dumps({  # JSON is YAML
             "route": {
                 "receiver": RECEIVER,
                 "group_by": list(self.group_by),
                 "group_wait": "1s",
                 "group_interval": "1s",
-                "repeat_interval": "1h",
+                "repeat_interval": self.repeat_interval,
             },
-            "receivers": [{
-                "name": RECEIVER,
-                "webhook_configs": [{"url": self.recorder.url(HOOK_PATH), "send_resolved": True}],
-            }],
+            "receivers": [{"name": RECEIVER, "webhook_configs": [hook]}],
         }))
         return [f"--config.file={config}", f"--storage.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", f"--web.external-url={self.url}",
                 "--cluster.listen-address=", "--log.level=debug"]
+
+    async def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        """``POST /api/v2/alerts``, as Prometheus sends them."""
+        async with self.session.post(f"{self.url}/api/v2/alerts", json=alerts) as r:
+            r.raise_for_status()
 
     async def alerts(self) -> list[dict[str, Any]]:
         """``GET /api/v2/alerts``: the alerts Alertmanager holds as active."""

@@ -14,6 +14,11 @@ that fails stays in a FIFO in memory and is applied again, in order and before a
 at the next evaluation or dispatch round, so its notification goes out once the disk is back.
 Meanwhile :attr:`ActLayer.state_problem` makes ``/readyz`` and ``/api/v1/status`` say degraded
 and ``sre_agent_state_write_failures_total`` counts the failures (``SREAgentStateWritesFailing``).
+
+Alerts an Alertmanager posts (:mod:`agent.act.intake`) are the exception to holding in memory: the
+webhook is answered 2xx only once :meth:`ActLayer.accept_webhook` committed them to the state
+database, and 503 when it could not (Alertmanager retries a 5xx), so they are never held. Each
+dispatch round processes the inbox before flushing groups (:meth:`ActLayer.tick`).
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agent.act import intake
 from agent.act.dispatch import DiagnoseHook, Dispatcher
-from agent.act.notification import AlertSnapshot
+from agent.act.notification import AlertSnapshot, fingerprint
 from agent.act.queues import QueueName
 from agent.act.routing import Router
 from agent.act.scaling import Scaler
@@ -42,7 +48,7 @@ from agent.act.state.history import MAX_SILENCE_MS
 from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
 from agent.errors import StateError
-from agent.rules.manager import AlertEvent, Group, RuleManager
+from agent.rules.manager import RESOLVED_RETENTION_MS, AlertEvent, AlertState, Group, RuleManager
 
 __all__ = ["ActCollector", "ActLayer", "ActViews", "StateHealth", "WriterRefs", "build_sinks"]
 
@@ -63,6 +69,7 @@ class ActViews:
     outbox_depth: dict[str, int] = field(default_factory=dict)
     desired_replicas: dict[str, int] = field(default_factory=dict)
     silences_active: int = 0
+    intake_inbox: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,21 @@ class StateHealth:
     last_error: str = ""
     failing_since_ms: int = 0
     held: int = 0  # evaluations and findings waiting in memory for a write to succeed
+
+
+_INTAKE_OUTCOMES = ("accepted", "duplicate", "own")
+_INTAKE_BATCH = 1000  # inbox transitions processed in one dispatch round
+
+
+@dataclass
+class IntakeStats:
+    """What the Alertmanager webhook received, for /metrics: alerts by outcome, webhooks refused."""
+
+    alerts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_INTAKE_OUTCOMES, 0))
+    rejected: int = 0  # webhooks answered 400
+    unstored: int = 0  # webhooks answered 503: the state database refused the write
+    processed: int = 0  # transitions taken from the inbox
+
 
 
 class WriterRefs:
@@ -133,6 +155,7 @@ class ActLayer:
         self._held: deque[_Held] = deque()  # only touched on the writer thread
         self._flush_failed = False
         self.health = StateHealth()
+        self.intake_stats = IntakeStats()
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
@@ -140,6 +163,7 @@ class ActLayer:
         self.dispatcher = Dispatcher(self.config, self.db, self.router, sinks, scaler=self.scaler,
                                      diagnose=self._on_loop(asyncio.get_running_loop()), clock=self._clock)
         self.views = await self.db.run(self._read_views)
+        await self.db.run(self._regroup_intake)
         if self.views.outbox_depth:
             log.info("outbox has undelivered notifications from before; delivering", queues=self.views.outbox_depth)
 
@@ -245,6 +269,7 @@ class ActLayer:
         if self.dispatcher is None or not self._run_held():  # held work fails: new work would too
             return
         try:
+            self._process_intake(self.dispatcher, now_ms)
             self.dispatcher.flush_due(now_ms)
         except StateError as exc:
             self._flush_failed = True
@@ -256,7 +281,72 @@ class ActLayer:
     def _read_views(self) -> ActViews:
         now_ms = self.now_ms()
         return ActViews(self.db.outbox.depth(), self.scaler.desired_replicas(),
-                        sum(s.active(now_ms) for s in self.db.silences.list(now_ms=now_ms)))
+                        sum(s.active(now_ms) for s in self.db.silences.list(now_ms=now_ms)), self.db.intake.depth())
+
+    # -- Alertmanager intake (agent.act.intake) ---------------------------------------------------
+    async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Check an Alertmanager webhook and commit its transitions to the inbox; processed by the next
+        dispatch round. ``ValueError`` (a bad payload: answer 400) names the problem; ``StateError`` (the
+        write failed: answer 5xx so that Alertmanager retries) propagates.
+
+        Alerts this agent raised itself (the same label set as an alert its rules hold now, pending,
+        firing or recently resolved) came back through an Alertmanager it sends to: they were routed,
+        diagnosed and recorded when they fired here, and are skipped (``own``)."""
+        hook = intake.parse_webhook(body)  # the HTTP layer counts a refusal (intake_stats.rejected)
+        ours = {fingerprint(dict(a.labels)) for a in self._rules.alerts(
+            states=(AlertState.PENDING, AlertState.FIRING, AlertState.INACTIVE))}  # on the loop, like evaluations
+        theirs = [a for a in hook.alerts if fingerprint(a.labels) not in ours]
+        try:
+            accepted = await self.db.run(self.db.intake.accept, theirs, now_ms=self.now_ms())
+        except StateError as exc:
+            self.intake_stats.unstored += 1
+            log.error("alertmanager webhook not stored; answered 503 for Alertmanager to retry",
+                      receiver=hook.receiver, alerts=len(hook.alerts), error=str(exc))
+            raise
+        own = len(hook.alerts) - len(theirs)
+        stats = self.intake_stats.alerts
+        stats["accepted"] += accepted.new
+        stats["duplicate"] += accepted.duplicates
+        stats["own"] += own
+        # Alertmanager re-sends every group_interval change and repeat_interval: news at info, re-sends at debug
+        (log.info if accepted.new else log.debug)(
+            "alertmanager webhook accepted", receiver=hook.receiver, source=hook.external_url,
+            group_key=hook.group_key, status=hook.status, alerts=len(hook.alerts), new=accepted.new,
+            duplicates=accepted.duplicates, own=own, truncated=hook.truncated)
+        return {"alerts": len(hook.alerts), "accepted": accepted.new, "duplicates": accepted.duplicates,
+                "own": own}
+
+    def _process_intake(self, d: Dispatcher, now_ms: int) -> None:
+        """Apply the oldest inbox transitions like an evaluation; the inbox items are deleted in the same
+        transaction as what applying them wrote (writer thread), so each is processed exactly once."""
+        items = self.db.intake.pending(_INTAKE_BATCH)
+        if not items:
+            return
+        ids = [i.id for i in items]
+        try:
+            d.apply(intake.evaluation(items), now_ms=now_ms, also=lambda: self.db.intake.done(ids))
+        except StateError:
+            raise  # the disk, not the items: they stay in the inbox for the next round
+        except Exception:  # a bug, not the disk: retrying cannot help, and it must not block what follows
+            log.exception("alertmanager alerts could not be processed and are dropped", transitions=len(ids))
+            self.db.intake.done(ids)
+            return
+        self.intake_stats.processed += len(items)
+        for i in items:
+            a = i.alert
+            log.info("alertmanager alert processed", alertname=a.labels.get("alertname", ""), status=a.status,
+                     fingerprint=a.fingerprint, source=a.source)
+
+    def _regroup_intake(self) -> None:
+        """At start: the intake's firing (and just resolved) alerts back into their aggregation groups."""
+        d = self.dispatcher
+        if d is None:
+            return
+        now_ms = self.now_ms()
+        alerts = self.db.intake.current(now_ms=now_ms, resolved_keep_ms=RESOLVED_RETENTION_MS)
+        d.regroup((intake.snapshot(a) for a in alerts), now_ms)
+        if alerts:
+            log.info("alertmanager alerts regrouped", alerts=len(alerts))
 
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
         """Queue a finding for its receivers: handed to the writer thread; :meth:`stop` waits for it."""
@@ -403,3 +493,24 @@ class ActCollector(Collector):
                                  "Evaluations and findings held in memory until the state database takes them.")
         held.add_metric([], h.held)
         yield from (sent, failed, retried, depth, desired, silences, failures, held)
+        yield from self._intake()
+
+    def _intake(self) -> Iterator[Metric]:
+        st = self._act.intake_stats
+        alerts = CounterMetricFamily("sre_agent_intake_alerts",
+                                     "Alerts in Alertmanager webhooks, by outcome: accepted (a new state), duplicate "
+                                     "(a re-send), own (raised by this agent and returned by an Alertmanager).",
+                                     labels=["outcome"])
+        for outcome, n in st.alerts.items():
+            alerts.add_metric([outcome], n)
+        refused = CounterMetricFamily("sre_agent_intake_webhooks_refused",
+                                      "Alertmanager webhooks refused: invalid (answered 400) or unstored (503, the "
+                                      "state database refused the write; Alertmanager retries).", labels=["reason"])
+        refused.add_metric(["invalid"], st.rejected)
+        refused.add_metric(["unstored"], st.unstored)
+        processed = CounterMetricFamily("sre_agent_intake_processed",
+                                        "Alert transitions from Alertmanager webhooks processed.")
+        processed.add_metric([], st.processed)
+        inbox = GaugeMetricFamily("sre_agent_intake_inbox", "Alert transitions accepted and not processed yet.")
+        inbox.add_metric([], self._act.views.intake_inbox)
+        yield from (alerts, refused, processed, inbox)

@@ -73,6 +73,7 @@ class Evaluation:
     snaps: tuple[AlertSnapshot, ...]  # firing and resolved alerts, one per fingerprint
     pending: tuple[AlertSnapshot, ...]
     interval_s: float
+    to_alertmanagers: bool = True  # False for alerts that came from an Alertmanager (agent.act.intake)
 
 
 @dataclass
@@ -145,19 +146,21 @@ class Dispatcher:
                 snaps[snap.fingerprint] = snap
         return Evaluation(group, frozen, tuple(snaps.values()), tuple(pending), interval_s)
 
-    def apply(self, ev: Evaluation, *, now_ms: int) -> None:
+    def apply(self, ev: Evaluation, *, now_ms: int, also: Callable[[], None] | None = None) -> None:
         """Record, queue and act on one evaluation, all or nothing: the state writes (incidents,
-        Alertmanager batches, scale decisions) commit in one transaction, and only after the commit
-        does anything change in memory (aggregation groups, the Alertmanager resend map) or leave
-        the process (the ``diagnose`` hook). A :class:`~agent.errors.StateError` (disk full, I/O
-        error) therefore leaves no trace, and applying the same evaluation again is not a duplicate."""
+        Alertmanager batches, scale decisions, and ``also``'s: the intake marks its inbox items done)
+        commit in one transaction, and only after the commit does anything change in memory
+        (aggregation groups, the Alertmanager resend map) or leave the process (the ``diagnose``
+        hook). A :class:`~agent.errors.StateError` (disk full, I/O error) therefore leaves no trace,
+        and applying the same evaluation again is not a duplicate."""
         to_alertmanagers: list[tuple[AlertSnapshot, set[str]]] = []
         grouped: list[tuple[Route, AlertSnapshot]] = []
         for snap in ev.snaps:
             receivers: set[str] = set()
             for route in self._router.routes_for(snap.labels):
                 if self._kinds.get(route.receiver) == "alertmanager":
-                    receivers.add(route.receiver)
+                    if ev.to_alertmanagers:
+                        receivers.add(route.receiver)
                 else:
                     grouped.append((route, snap))
             if receivers:
@@ -166,6 +169,8 @@ class Dispatcher:
             self._record_incidents(ev.events)
             am_sent = self._send_to_alertmanagers(to_alertmanagers, interval_s=ev.interval_s, now_ms=now_ms)
             diagnose = self._run_actions(ev.events, ev.snaps, ev.pending, now_ms)
+            if also is not None:
+                also()
         self._am_sent = am_sent
         for route, snap in grouped:
             self._insert(route, snap, now_ms)
@@ -204,6 +209,15 @@ class Dispatcher:
                     self._db.incidents.resolve(fp, resolved_ms=e.at_ms)
 
     # -- grouped receivers (Alertmanager's dispatcher) --------------------------------------
+    def regroup(self, snaps: Iterable[AlertSnapshot], now_ms: int) -> None:
+        """Put alerts back into their aggregation groups after a restart, without recording or acting
+        on them again: the notification log decides what is news (the intake's alerts, which no rule
+        re-evaluates)."""
+        for snap in snaps:
+            for route in self._router.routes_for(snap.labels):
+                if self._kinds.get(route.receiver) != "alertmanager":
+                    self._insert(route, snap, now_ms)
+
     def _insert(self, route: Route, snap: AlertSnapshot, now_ms: int) -> None:
         key, labels = group_for(route, snap.labels)
         ag = self._groups.get((route.path, key))
@@ -385,6 +399,8 @@ class Dispatcher:
                 if self._kinds.get(route.receiver) == "alertmanager":
                     continue
                 gkey = group_for(route, labels)[0] if alert is not None else ""
+                if alert is not None:
+                    self._flush_early(route, gkey, now_ms)
                 n = Notification(key=f"finding:{route.receiver}:{digest}:{now_ms}",
                                  receiver=receiver_queue(route.receiver), kind="finding", created_ms=now_ms,
                                  group_key=gkey,
@@ -392,6 +408,17 @@ class Dispatcher:
                                  external_url=self._external_url)
                 queued += int(self._db.outbox.enqueue(n, now_ms=now_ms))
         return queued
+
+    def _flush_early(self, route: Route, group_key: str, now_ms: int) -> None:
+        """A finding about an alert whose group was never notified (it is still in ``group_wait``)
+        flushes the group now, so that the group's message is queued before the finding and the finding
+        becomes a reply in its thread (one queue per receiver, delivered in order), not a message of its own."""
+        ag = self._groups.get((route.path, group_key))
+        if ag is None or ag.next_flush_ms <= now_ms or self._db.nflog.get(route.receiver, ag.key) is not None:
+            return
+        silences = active_silences(self._db.silences.list(now_ms=now_ms), now_ms)
+        if self._flush(ag, silences, now_ms):
+            ag.next_flush_ms = now_ms + int(route.group_interval_s * 1000)
 
     # -- delivery (agent.act.outbox) -------------------------------------------------------------
     async def tick(self) -> None:

@@ -198,6 +198,12 @@ class Agent:
     async def expire_silence(self, silence_id: str) -> bool:
         return await self.act.expire_silence(silence_id)
 
+    async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.act.accept_webhook(body)
+
+    def webhook_refused(self) -> None:
+        self.act.intake_stats.rejected += 1
+
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
         return {

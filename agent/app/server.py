@@ -16,6 +16,10 @@ The endpoint is hardened because it shares a process with the scraper:
 * **authentication**: with ``server.auth`` a bearer token (compared in constant time) is required
   for every mutating request, and for reads too with ``protect_reads``; ``/healthz`` and
   ``/readyz`` stay open. ``server.tls`` serves HTTPS.
+* **the Alertmanager webhook** (``POST /api/v1/alertmanager/webhook``, :mod:`agent.act.intake`) is
+  answered 200 once its alerts are committed to the state database, 400 naming the problem for a
+  payload that is not Alertmanager's version-4 webhook (Alertmanager does not retry a 4xx), and 503
+  when the state database refused the write (Alertmanager retries a 5xx);
 * **bad input** is answered ``400`` naming the problem (or ``413``/``408`` for a body too big or
   too slow); an unexpected exception is logged once with its traceback and answered a generic
   ``500``, a path no input should reach.
@@ -40,7 +44,7 @@ from prometheus_client.registry import Collector
 
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
 from agent.config import ServerConfig
-from agent.errors import ConfigError
+from agent.errors import ConfigError, StateError
 
 __all__ = [
     "BACKLOG",
@@ -97,6 +101,10 @@ class AgentView(Protocol):
     async def add_silence(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
     async def expire_silence(self, silence_id: str) -> bool: ...
+
+    async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def webhook_refused(self) -> None: ...
 
 
 class _BadRequest(Exception):
@@ -257,10 +265,23 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
             return _ok({"expired": request.match_info["id"]})
         return _error(404, "not_found", "no active or pending silence with that id")
 
+    async def alertmanager_webhook(request: web.Request) -> web.Response:
+        try:
+            body = await read_json_object(request, timeout_s=body_timeout)
+            return _ok(await agent.accept_webhook(body))
+        except _BadRequest:
+            agent.webhook_refused()
+            raise
+        except ValueError as exc:  # not Alertmanager's version-4 webhook, named by agent.act.intake
+            agent.webhook_refused()
+            raise _BadRequest(str(exc)) from exc
+        except StateError:  # logged by the act layer; a 5xx makes Alertmanager retry
+            return _error(503, "unavailable", "the state database refused the write; retry later")
+
     async def index(_: web.Request) -> web.Response:
         return web.Response(
             text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/alerts  /api/v1/rules  "
-            "/api/v1/status  /api/v1/incidents  /api/v1/silences\n"
+            "/api/v1/status  /api/v1/incidents  /api/v1/silences  /api/v1/alertmanager/webhook (POST)\n"
         )
 
     middlewares: list[Any] = [guard_middleware(guard), _errors]
@@ -281,6 +302,7 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
     app.router.add_get("/api/v1/silences", silences)
     app.router.add_post("/api/v1/silences", add_silence)
     app.router.add_delete("/api/v1/silences/{id}", expire_silence)
+    app.router.add_post("/api/v1/alertmanager/webhook", alertmanager_webhook)
     return app
 
 

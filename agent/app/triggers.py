@@ -13,7 +13,9 @@ thread of its message, and the incident log):
   ``DCGM_FI_DEV_FB_USED`` / ``FB_FREE`` on the target's host peaked above
   ``diagnostics.oom.gpu_memory_near_full`` — the runtime OOM signature, even with no
   log line to read;
-* **an alert routed to a ``diagnose`` action fires**: GPU memory alerts get the memory
+* **an alert routed to a ``diagnose`` action fires** (one the agent's rules raised, or one an
+  Alertmanager posted to its webhook, :mod:`agent.act.intake`): GPU memory alerts
+  (:data:`~agent.config.GPU_MEMORY_ALERTS`: ``GPUMemoryNearFull`` and OOM-looking names) get the memory
   picture of the GPU the alert names (its ``Hostname`` and ``UUID``/``gpu`` labels) and
   the runtime-OOM advice; the alerts in ``diagnostics.nccl.on_alerts``
   (throughput far below expectation) start an nccl-tests run, at most once per
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
@@ -40,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.act.notification import AlertSnapshot
-from agent.config import Config
+from agent.config import GPU_MEMORY_ALERTS, Config
 from agent.diagnose.findings import Finding, runbook_url
 from agent.diagnose.logtail import LogTailer
 from agent.diagnose.nccl import judge
@@ -80,7 +83,7 @@ _CONTEXT_BYTES = tuple(m.encode() for markers in _CONTEXT_MARKERS for m in marke
 #: Of a log that exists at start-up, the tail read for its start-up lines: vLLM's stats line
 #: every 10 s is ~2 MB a day, so this reaches back about a month.
 _PRIME_BYTES = 64 << 20
-_GPU_MEMORY_ALERTS = ("GPUMemoryNearFull",)
+_GPU_MEMORY_ALERTS = re.compile(GPU_MEMORY_ALERTS)  # the default diagnose action's names, fullmatch
 
 
 class Diagnostics:
@@ -238,7 +241,7 @@ class Diagnostics:
         now_ms = int(self._clock() * 1000)
         if name in self._cfg.nccl.on_alerts:
             self.request_nccl(reason=f"{name} fired", alert=alert)
-        elif name in _GPU_MEMORY_ALERTS:
+        elif _GPU_MEMORY_ALERTS.fullmatch(name):
             # The alert is about one GPU: dcgm-exporter (and the agent's NVML poller) name its node in
             # Hostname and the GPU in UUID/gpu; `instance` is the exporter's address, not the node.
             lab = alert.labels

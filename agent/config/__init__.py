@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from agent.config.act import (
+    GPU_MEMORY_ALERTS,
     ActionConfig,
     AlertmanagerReceiverConfig,
     ConsoleReceiverConfig,
@@ -61,6 +62,7 @@ from agent.errors import ConfigError
 from agent.gocompat import yamlv3
 
 __all__ = [
+    "GPU_MEMORY_ALERTS",
     "ActionConfig",
     "AlertmanagerReceiverConfig",
     "BasicAuthConfig",

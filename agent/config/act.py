@@ -17,6 +17,7 @@ from agent.config.types import ConfigModel, Duration, check_url, format_duration
 from agent.matchers import AlertMatcher, parse_matchers
 
 __all__ = [
+    "GPU_MEMORY_ALERTS",
     "ActionConfig",
     "AlertmanagerReceiverConfig",
     "ConsoleReceiverConfig",
@@ -205,12 +206,19 @@ class ActionConfig(_Matching):
     service: str | None = None  # scaling service name; default: the first service whose matchers fit
 
 
+#: Alert names that get the OOM diagnosis (GPU memory history of the GPU the alert names): the bundled
+#: GPUMemoryNearFull, and names that look like GPU memory or OOM alerts other rule sets raise (an
+#: Alertmanager posting to the intake: DCGMFramebufferNearFull, GpuMemoryHigh, CUDAOutOfMemory, ...KilledOOM).
+#: Go (RE2) and Python read it alike; anchored, as Alertmanager anchors a matcher's regex.
+GPU_MEMORY_ALERTS = "GPUMemoryNearFull|.*(OOM|OutOfMemory|GPUMemory|GpuMemory|Framebuffer|FrameBuffer).*"
+
+
 def default_actions() -> list[ActionConfig]:
-    # The bundled rules label scale-out alerts `action: scale_out`; GPU memory and
-    # throughput alerts get their diagnosis.
+    # The bundled rules label scale-out alerts `action: scale_out`; GPU memory (and OOM-looking)
+    # and throughput alerts get their diagnosis.
     return [
         ActionConfig(type="scale_out", matchers=['action="scale_out"']),
-        ActionConfig(type="diagnose", matchers=['alertname=~"GPUMemoryNearFull|VLLMGenerationThroughputLow"']),
+        ActionConfig(type="diagnose", matchers=[f'alertname=~"{GPU_MEMORY_ALERTS}|VLLMGenerationThroughputLow"']),
     ]
 
 

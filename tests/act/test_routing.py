@@ -211,12 +211,17 @@ def test_real_state_silence_fits() -> None:
 
 
 def test_default_actions() -> None:
-    """The default config scales out `action="scale_out"` alerts and diagnoses GPUMemoryNearFull."""
+    """The default config scales out `action="scale_out"` alerts and diagnoses GPUMemoryNearFull, OOM-looking
+    names (as other rule sets behind an Alertmanager call them) and VLLMGenerationThroughputLow, anchored."""
     actions = Config().actions
     scale = {"alertname": "VLLMRequestsQueueing", "action": "scale_out"}
     assert [a.type for a in match_actions(actions, scale)] == ["scale_out"]
     assert [a.type for a in match_actions(actions, {"alertname": "GPUMemoryNearFull"})] == ["diagnose"]
-    assert [a.type for a in match_actions(actions, {"alertname": "GPUMemoryNearFullish"})] == []
+    for name in ("DCGMFramebufferNearFull", "GpuMemoryHigh", "CUDAOutOfMemory", "KubeContainerOOMKilled",
+                 "VLLMGenerationThroughputLow"):
+        assert [a.type for a in match_actions(actions, {"alertname": name})] == ["diagnose"], name
+    for name in ("VLLMGenerationThroughputLowish", "VLLMKVCacheSaturated", "Zoom", "GPUThermalThrottling"):
+        assert [a.type for a in match_actions(actions, {"alertname": name})] == [], name
     assert [a.type for a in match_actions(actions, {"alertname": "GPUMemoryNearFull", "action": "scale_out"})] == [
         "scale_out", "diagnose"]
     router = Router(Config())

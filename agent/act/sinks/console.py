@@ -60,7 +60,8 @@ def _group_text(labels: dict[str, str]) -> str:
 def _alert_line(alert: AlertSnapshot, group_status: str) -> str:
     labels = _group_text({k: v for k, v in alert.labels.items() if k not in _HEADER_LABELS})
     parts = [labels] if labels else []
-    parts.append(f"value={_number(alert.value)}")
+    if not math.isnan(alert.value):  # an alert an Alertmanager posted carries no value
+        parts.append(f"value={_number(alert.value)}")
     if alert.status == "resolved" and group_status == "firing":
         parts.append("(resolved)")
     return " ".join(parts)

@@ -22,6 +22,7 @@ Two things every builder guarantees:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -246,4 +247,5 @@ def _joined(values: Iterable[str]) -> str:
 
 
 def _format_value(value: float) -> str:
-    return f"{value:.4g}"
+    """The sample value; none (an alert an Alertmanager posted carries no value: NaN) leaves the field out."""
+    return "" if math.isnan(value) else f"{value:.4g}"

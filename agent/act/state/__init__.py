@@ -11,7 +11,9 @@ over that one connection, so a dispatcher round that touches several of them sti
 * ``db.nflog`` (:class:`~agent.act.state.alerts.NotificationLog`): what was sent per alert group,
   and where (Slack message references);
 * ``db.cooldowns`` (:class:`~agent.act.state.alerts.Cooldowns`): scaling state per service;
-* ``db.silences`` and ``db.incidents`` (:mod:`~agent.act.state.history`).
+* ``db.silences`` and ``db.incidents`` (:mod:`~agent.act.state.history`);
+* ``db.intake`` (:class:`~agent.act.state.intake.Intake`): alerts an Alertmanager posted to the
+  agent's webhook, and the inbox of those not processed yet.
 
 The records these return and the table schema are in :mod:`agent.act.state.records`; they are
 re-exported here, so ``from agent.act.state import Silence`` works.
@@ -32,11 +34,13 @@ import structlog
 from agent.act.state.alerts import AlertStates, Cooldowns, NotificationLog
 from agent.act.state.connection import Connection
 from agent.act.state.history import Incidents, Silences
+from agent.act.state.intake import Intake
 from agent.act.state.outbox import DELIVERED_KEEP_MS, Outbox
 from agent.act.state.records import (
     SCHEMA_VERSION,
     Incident,
     IncidentEvent,
+    IntakeAlert,
     NflogEntry,
     OutboxItem,
     ScaleState,
@@ -45,7 +49,7 @@ from agent.act.state.records import (
 )
 
 __all__ = [
-    "DELIVERED_KEEP_MS", "SCHEMA_VERSION", "Incident", "IncidentEvent", "NflogEntry", "OutboxItem",
+    "DELIVERED_KEEP_MS", "SCHEMA_VERSION", "Incident", "IncidentEvent", "IntakeAlert", "NflogEntry", "OutboxItem",
     "ScaleState", "Silence", "StateDB", "iso_ms",
 ]
 
@@ -67,6 +71,7 @@ class StateDB:
         self.cooldowns = Cooldowns(self._conn)
         self.silences = Silences(self._conn)
         self.incidents = Incidents(self._conn)
+        self.intake = Intake(self._conn)
 
     def close(self) -> None:
         self._conn.close()
@@ -87,12 +92,14 @@ class StateDB:
             yield
 
     def prune(self, *, now_ms: int, keep_ms: int) -> int:
-        """Drop resolved incidents, failed items and expired silences older than ``keep_ms``, and delivered
-        keys older than ``max(keep_ms, DELIVERED_KEEP_MS)``, in one transaction. Returns the rows dropped."""
+        """Drop resolved incidents, failed items, expired silences and resolved intake alerts older than
+        ``keep_ms``, and delivered keys older than ``max(keep_ms, DELIVERED_KEEP_MS)``, in one transaction.
+        Returns the rows dropped."""
         with self.transaction():
             n = self.incidents.prune(now_ms=now_ms, keep_ms=keep_ms)
             n += self.outbox.prune(now_ms=now_ms, keep_ms=keep_ms)
             n += self.silences.prune(now_ms=now_ms, keep_ms=keep_ms)
+            n += self.intake.prune(now_ms=now_ms, keep_ms=keep_ms)
         if n:
             log.info("state pruned", rows=n, keep_ms=keep_ms)
         return n

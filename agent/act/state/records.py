@@ -12,18 +12,19 @@ JSON), which callers need without the SQLite plumbing. Where a table class build
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.act.notification import Notification
+from agent.act.notification import Notification, Status
 from agent.act.queues import QueueName
 from agent.matchers import parse_matcher
 from agent.series import iso_ms
 
 __all__ = [
-    "SCHEMA", "SCHEMA_VERSION", "Incident", "IncidentEvent", "NflogEntry", "OutboxItem", "ScaleState", "Silence",
-    "iso_ms",
+    "SCHEMA", "SCHEMA_VERSION", "Incident", "IncidentEvent", "IntakeAlert", "NflogEntry", "OutboxItem", "ScaleState",
+    "Silence", "iso_ms",
 ]
 
 SCHEMA_VERSION = 1
@@ -57,6 +58,10 @@ CREATE TABLE IF NOT EXISTS incident_events (id INTEGER PRIMARY KEY AUTOINCREMENT
   incident_id INTEGER NOT NULL REFERENCES incidents (id) ON DELETE CASCADE,
   at_ms INTEGER NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incident_events_inc ON incident_events (incident_id, at_ms);
+CREATE TABLE IF NOT EXISTS intake_alerts (fingerprint TEXT PRIMARY KEY, status TEXT NOT NULL,
+  starts_ms INTEGER NOT NULL, alert TEXT NOT NULL, received_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS intake_inbox (id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT NOT NULL,
+  was TEXT NOT NULL, alert TEXT NOT NULL, received_ms INTEGER NOT NULL);
 """
 
 
@@ -168,3 +173,30 @@ class Incident:
             "events": [{"at": iso_ms(e.at_ms), "at_ms": e.at_ms, "kind": e.kind, "detail": e.detail}
                        for e in self.events],
         }
+
+
+@dataclass(frozen=True)
+class IntakeAlert:
+    """One alert of an Alertmanager webhook as the intake keeps it (``intake_alerts``, ``intake_inbox``).
+
+    ``fingerprint`` is Alertmanager's (the de-duplication identity, with ``status`` and ``starts_ms``);
+    ``ends_ms`` is 0 while it fires (Alertmanager sends Go's zero time then). ``source`` is the
+    sending Alertmanager's ``externalURL`` and ``receiver`` its receiver name, for logs and incidents.
+    """
+
+    fingerprint: str
+    status: Status
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_ms: int
+    ends_ms: int = 0
+    generator_url: str = ""
+    source: str = ""
+    receiver: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> IntakeAlert:
+        return cls(**json.loads(text))
