@@ -19,10 +19,12 @@ read what the replica model does:
 * NVLink traffic from the tensor-parallel all-reduces (two per layer per token computed);
   in the ``slow_interconnect`` scenario the links are down and the same traffic crosses PCIe.
 
-There is no XID: a CUDA OOM is an allocation the application fails, not a fault the driver
-reports (XIDs 13/31/43 are kernel exceptions, 48 double-bit ECC, 79 a GPU off the bus), so
-``DCGM_FI_DEV_XID_ERRORS`` stays 0 as it would on a real node. ECC counts and row remaps stay
-0 too (healthy HBM).
+No scenario raises an XID: a CUDA OOM is an allocation the application fails, not a fault the
+driver reports (XIDs 13/31/43 are kernel exceptions, 48 double-bit ECC, 63/64 row-remapping
+events, 79 a GPU off the bus), so ``DCGM_FI_DEV_XID_ERRORS`` stays 0 as on a real node, and ECC
+counts and row remaps stay 0 (healthy HBM). Hardware faults are injected instead
+(:meth:`GpuBank.fault`, the control port's ``POST /gpu_fault``): an XID as NVML's event would
+report it (63 also records a correctable row remap, 48 a double-bit error), or one NVLink down.
 
 The readings go through the agent's own dcgm-exporter mapping (:mod:`agent.collect.dcgm`): this
 module answers the NVML calls :class:`~agent.collect.dcgm.GpuReadings` makes, in NVML's units
@@ -44,6 +46,7 @@ import structlog
 from prometheus_client.utils import floatToGoString
 
 from agent.collect.dcgm import Gpu, GpuReadings, dcgm_labels
+from agent.errors import SimulatorError
 from agent.series import METRIC_NAME
 from agent.simulate.model import Load, ReplicaModel, ReplicaParams
 
@@ -131,6 +134,9 @@ class SimGpu:
     pcie_rx_kbs: float = 0.0
     stamp_us: int = 0
     seen_tokens: float = 0.0  # the owner's computed tokens at the last step
+    links_down: set[int] = field(default_factory=set)  # links a fault took down
+    dbe: int = 0
+    remapped_correctable: int = 0
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -183,7 +189,7 @@ class _Nvml:
         return gpu.sm_clock if clock == self.NVML_CLOCK_SM else self.params.mem_clock_mhz
 
     def nvmlDeviceGetTotalEccErrors(self, gpu: SimGpu, kind: int, counter: int) -> int:
-        return 0
+        return gpu.dbe if kind == self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else 0
 
     def nvmlDeviceGetPcieThroughput(self, gpu: SimGpu, counter: int) -> int:
         return round(gpu.pcie_tx_kbs if counter == self.NVML_PCIE_UTIL_TX_BYTES else gpu.pcie_rx_kbs)
@@ -192,12 +198,13 @@ class _Nvml:
         return gpu.reasons
 
     def nvmlDeviceGetRemappedRows(self, gpu: SimGpu) -> tuple[int, int, int, int]:
-        return (0, 0, 0, 0)
+        return (gpu.remapped_correctable, 0, 0, 0)
 
     def nvmlDeviceGetNvLinkState(self, gpu: SimGpu, link: int) -> int:
         if link >= self.params.nvlinks:
             raise _NoSuchLink(link)
-        return self.NVML_FEATURE_ENABLED if gpu.links_up else self.NVML_FEATURE_DISABLED
+        up = gpu.links_up and link not in gpu.links_down
+        return self.NVML_FEATURE_ENABLED if up else self.NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetFieldValues(self, gpu: SimGpu, ids: list[tuple[int, int]]) -> list[SimpleNamespace]:
         half = gpu.nvlink_kib // 2
@@ -259,6 +266,26 @@ class GpuBank:
         log = structlog.get_logger(__name__).bind(gpu=index)
         self._state[index] = Gpu(index, gpu, gpu.uuid, self.params.name, gpu.bus_id, gpu.labels, log)
         return gpu
+
+    def fault(self, index: int, *, xid: int | None = None, nvlink_down: int | None = None) -> None:
+        """Inject a hardware fault on GPU ``index``: an XID event, or one NVLink going down."""
+        if not 0 <= index < len(self.gpus):
+            raise SimulatorError(f"no GPU {index}; the simulated host has {len(self.gpus)}")
+        gpu = self.gpus[index]
+        if nvlink_down is not None:
+            if not 0 <= nvlink_down < self.params.nvlinks:
+                raise SimulatorError(f"no NVLink {nvlink_down}; a {self.params.name} has {self.params.nvlinks}")
+            gpu.links_down.add(nvlink_down)
+        if xid is not None:
+            if xid <= 0:
+                raise SimulatorError(f"an XID is a positive number, not {xid}")
+            state = self._state[index]
+            state.last_xid = xid
+            state.xids[xid] += 1
+            if xid == 63:  # row-remapping recording event (A100 and later)
+                gpu.remapped_correctable += 1
+            elif xid == 48:  # double-bit ECC error
+                gpu.dbe += 1
 
     # -- stepping -----------------------------------------------------------------------------
     def step(self, gpus: list[SimGpu], model: ReplicaModel | None, load: Load, *, now: float, dt: float,

@@ -6,7 +6,8 @@ vLLM does for a client that does not ask for OpenMetrics), ``GET /health`` and
 ``GET /version``; a replica killed by its scenario first answers ``/health`` with
 503 (500 on V0), then closes its port so scrapes get *connection refused*, exactly the
 sequence CATALOG §6 describes. The control port takes ``POST /scale`` (``{"replicas":
-N}`` or ``{"delta": 1}``, with an optional ``idempotency_key``), shares the scenario's
+N}`` or ``{"delta": 1}``, with an optional ``idempotency_key``) and ``POST /gpu_fault``
+(``{"gpu": 3, "xid": 63}`` or ``{"gpu": 3, "nvlink_down": 5}``), shares the scenario's
 demand among the live replicas so a scale-out relieves them, and serves ``GET /state``
 and ``GET /targets`` (Prometheus HTTP service discovery JSON).
 
@@ -204,6 +205,7 @@ class Fleet:
         app.router.add_post("/scale", self._post_scale)
         app.router.add_get("/state", self._get_state)
         app.router.add_get("/targets", self._get_targets)
+        app.router.add_post("/gpu_fault", self._post_gpu_fault)
         self._control = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._control.setup()
         port = cfg.control_port if cfg.control_port is not None else max(cfg.base_port - 1, 0)
@@ -417,6 +419,24 @@ class Fleet:
                 while len(self._keys) > _KEYS_KEPT:
                     del self._keys[next(iter(self._keys))]
         return web.json_response({**result, "applied": True})
+
+    async def _post_gpu_fault(self, request: web.Request) -> web.Response:
+        """``{"gpu": 3, "xid": 63}`` or ``{"gpu": 3, "nvlink_down": 5}``: inject a hardware fault."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response({"error": "body must be JSON"}, status=400)
+        ints = {k: body.get(k) for k in ("gpu", "xid", "nvlink_down")} if isinstance(body, dict) else {}
+        if not ints or any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints.values()) \
+                or ints["gpu"] is None or (ints["xid"] is None and ints["nvlink_down"] is None):
+            return web.json_response({"error": "give an integer 'gpu' and an integer 'xid' or 'nvlink_down'"},
+                                     status=400)
+        try:
+            self.gpus.fault(ints["gpu"], xid=ints["xid"], nvlink_down=ints["nvlink_down"])
+        except SimulatorError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        log.warning("simulate.gpu_fault", **{k: v for k, v in ints.items() if v is not None})
+        return web.json_response({"applied": True, **ints})
 
     async def _get_state(self, request: web.Request) -> web.Response:
         return web.json_response({"model_time": round(self._time, 3), "scenario": self.config.scenario,

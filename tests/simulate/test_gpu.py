@@ -196,3 +196,23 @@ def test_cli_puts_the_exporter_two_ports_below_the_replicas() -> None:
     assert cfg(port=0).dcgm_port == 0
     assert cfg(dcgm_port=-1).dcgm_port is None
     assert cfg(dcgm_port=9400, tensor_parallel=4).tensor_parallel == 4
+
+
+async def test_gpu_fault_injects_an_xid_and_a_down_nvlink(fleet: Fleet) -> None:
+    """POST /gpu_fault records an XID as NVML's event would (63 adds a row remap) and takes one NVLink down."""
+    async with aiohttp.ClientSession() as session:
+        for body in ({"gpu": 1, "xid": 63}, {"gpu": 1, "nvlink_down": 4}):
+            async with session.post(fleet.control_url + "/gpu_fault", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+        async with session.post(fleet.control_url + "/gpu_fault", json={"gpu": 9, "xid": 79}) as resp:
+            assert resp.status == 400 and "no GPU 9" in (await resp.json())["error"]
+        await asyncio.sleep(0.2)  # the next model step renders the fault
+        async with session.get(str(fleet.dcgm_url)) as resp:
+            found = parse(await resp.text())
+    s = {(n, lab.get("gpu"), lab.get("xid"), lab.get("link")): v for n, lab, v in found}
+    assert s[("DCGM_FI_DEV_XID_ERRORS", "1", None, None)] == 63
+    assert s[("sre_agent_gpu_xid_errors_total", "1", "63", None)] == 1
+    assert s[("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "1", None, None)] == 1
+    assert s[("sre_agent_gpu_nvlink_up", "1", None, "4")] == 0
+    assert s[("sre_agent_gpu_nvlink_up", "1", None, "3")] == 1
+    assert s[("DCGM_FI_DEV_XID_ERRORS", "0", None, None)] == 0
