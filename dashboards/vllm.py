@@ -252,8 +252,9 @@ def replica() -> Board:
         hide=["__name__", "job", "engine", "cache_dtype", "calculate_kv_scales", "cpu_kvcache_space_bytes",
               "cpu_offload_gb", "is_attention_free", "kv_sharing_fast_prefill", "mamba_cache_dtype",
               "mamba_ssm_cache_dtype", "num_gpu_blocks_override", "prefix_caching_hash_algo", "sliding_window",
-              "swap_space", "swap_space_bytes", "num_cpu_blocks", "sliding_window"],
-        columns=[Column("Info", b.sel("vllm:cache_config_info"), "none")],
+              "swap_space", "swap_space_bytes", "num_cpu_blocks"],
+        # the info series has CacheConfig's fields for labels, and no model_name
+        columns=[Column("Info", 'vllm:cache_config_info{job=~"$job", instance=~"$instance"}', "none")],
         what="vLLM's CacheConfig as the server reports it (vllm:cache_config_info): block size, KV blocks, "
              "--gpu-memory-utilization, prefix caching.",
         bad="Few GPU blocks for the model's --max-model-len x --max-num-seqs means preemption; compare with "
