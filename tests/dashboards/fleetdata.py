@@ -52,7 +52,7 @@ class Fleet:
             for r in records:
                 result = self.engine.instant(r.expr, ts)
                 if isinstance(result, list):
-                    for s in result:
+                    for s in (x for x in result if isinstance(x, Sample)):
                         self.store.append(labels_from(r.name, {k: v for k, v in s.labels if k != "__name__"}),
                                           ts, s.value)  # fmt: skip
         self.now_ms = T0_MS + (steps - 1) * STEP_MS
@@ -65,7 +65,7 @@ class Fleet:
     def query(self, expr: str) -> list[Sample]:
         """The instant result of ``expr`` at the last step (a vector; empty for a scalar or string)."""
         result = self.engine.instant(expr, self.now_ms)
-        return result if isinstance(result, list) else []
+        return [s for s in result if isinstance(s, Sample)] if isinstance(result, list) else []
 
 
 def build(flavor: str) -> Fleet:
