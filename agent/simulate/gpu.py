@@ -315,7 +315,8 @@ class GpuBank:
             else:
                 gpu.util = 0.0
             occupancy = min(1.0, model.num_running / 96)
-            draw = p.power_idle_w + (p.power_limit_w - p.power_idle_w) * gpu.util / 100 * (0.45 + 0.55 * occupancy)
+            # a full batch draws past the limit: the firmware caps power by lowering the SM clock
+            draw = p.power_idle_w + (p.power_limit_w - p.power_idle_w) * gpu.util / 100 * (0.45 + 0.7 * occupancy)
             draw += self._rng.uniform(-2.0, 2.0)
             gpu.reasons, gpu.sm_clock = (0, p.sm_clock_max_mhz) if busy else (_GPU_IDLE, p.sm_clock_idle_mhz)
             if draw > p.power_limit_w * 0.98:

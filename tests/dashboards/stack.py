@@ -5,7 +5,8 @@
 * two simulated fleets (:mod:`agent.simulate`): fleet A runs vLLM V1 (two replicas, tensor
   parallel 2, so NVLink carries all-reduce traffic) and one LMDeploy replica through the
   ``surge`` scenario; fleet B runs vLLM V0 (two replicas, another model) through ``oom``, so a
-  replica fills its GPU and dies. Both serve their GPUs on a simulated dcgm-exporter port.
+  replica fills its GPU and dies. Both serve their GPUs on a simulated dcgm-exporter port, as
+  two hosts (fleet B listens on 127.0.0.2, so its GPUs' ``Hostname`` is its own).
   One GPU gets an injected XID 63 (a row-remapping event) and one a down NVLink;
 * the agent (``python -m agent run``) scraping all of that, evaluating the bundled rules
   with every ``for`` shortened to :data:`FOR_S` (dashboards read no alert timing; the agent's
@@ -55,6 +56,7 @@ GIVE_UP_S = 4.0  # notify.give_up_after: the failing receiver's notifications ar
 SPEED = 10.0  # model seconds per wall second: surge's onset at 6 s, oom's death at 9 s
 MODEL_A = "meta-llama/Llama-3.1-8B-Instruct"
 MODEL_B = "Qwen/Qwen2.5-7B-Instruct"
+HOST_B = "127.0.0.2"  # fleet B is another host: its GPUs' Hostname, and where the agent finds their OOM evidence
 FAKE_NCCL = REPO / "tests" / "fake_all_reduce_perf.py"
 RULES = sorted((REPO / "rules").glob("*.rules.yaml"))
 
@@ -197,7 +199,8 @@ class Stack:
         self.fleet_a = Fleet(FleetConfig(replicas=2, lmdeploy_replicas=1, base_port=0, control_port=0,
                                          scenario="surge", speed=self.speed, step_s=step, tensor_parallel=2,
                                          model=MODEL_A, seed=1))  # fmt: skip
-        self.fleet_b = Fleet(FleetConfig(replicas=2, base_port=0, control_port=0, scenario="oom", generation="v0",
+        self.fleet_b = Fleet(FleetConfig(replicas=2, host=HOST_B, base_port=0, control_port=0, scenario="oom",
+                                         generation="v0",
                                          speed=self.speed, step_s=step, model=MODEL_B, seed=2,
                                          log_dir=wd / "logs"))  # fmt: skip
         hook, flaky = RecordingServer(), RecordingServer(responder=reply(503))
@@ -224,9 +227,9 @@ class Stack:
 
     def _agent_config(self, hook: str, flaky: str) -> Path:
         wd, a, b = self.workdir, self.fleet_a, self.fleet_b
-        targets = [{"url": u, "job": "lmdeploy" if "lmdeploy" in s["name"] else "vllm"}
+        targets = [{"url": u, "job": "lmdeploy" if "lmdeploy" in str(s["name"]) else "vllm"}
                    for fleet in (a, b) for u, s in zip(fleet.targets, fleet.state(), strict=True)]
-        targets += [{"url": fleet.dcgm_url, "job": "dcgm"} for fleet in (a, b)]
+        targets += [{"url": str(fleet.dcgm_url), "job": "dcgm"} for fleet in (a, b)]
         config = {
             "targets": targets,
             "scrape": {"interval": "1s", "timeout": "1s"},
