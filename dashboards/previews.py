@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import math
 import re
 import sys
@@ -36,6 +37,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import EngFormatter
+from PIL import Image
 
 from tests.dashboards.queries import ALL_VALUES, dashboards, panels, substitute
 from tests.dashboards.stack import Stack
@@ -47,7 +49,7 @@ STEP_S = 2.0
 GRID_COLS = 24
 UNIT_IN = 0.27  # inches per grid row (Grafana draws 30 px per row)
 WIDTH_IN = 15.0
-DPI = 64
+DPI = 80
 BG, PANEL_BG, FG, MUTED = "#111217", "#181b1f", "#d8d9da", "#8e8e8e"
 COLORS = ("#73bf69", "#f2cc0c", "#5794f2", "#ff9830", "#f2495c", "#b877d9", "#8ab8ff", "#fade2a",
           "#37872d", "#c4162a", "#1f60c4", "#fa6400")  # fmt: skip
@@ -135,8 +137,11 @@ def _timeseries(ax: Axes, panel: Mapping[str, Any], data: list[list[Series]]) ->
         ax.set_yticks([0, 1], ["off", "on"])
         ax.set_ylim(-0.1, 1.15)
     else:
-        ax.yaxis.set_major_formatter(EngFormatter(sep=""))  # 40k, 1.2M: no offset text to lose on a dark panel
         values = [v * factor for *_, vs in flat for v in vs]
+        if values and max(abs(v) for v in values) >= 1e4:
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))  # 40k, 1.2M: no offset text lost on a dark panel
+        else:
+            ax.ticklabel_format(axis="y", style="plain", useOffset=False)
         if values and max(values) == min(values):  # a flat line (no errors): whole numbers around it
             ax.set_ylim(values[0] - 1, values[0] + 1)
     ax.set_ylabel(label, color=MUTED, fontsize=7)
@@ -171,8 +176,12 @@ def _stat(ax: Axes, panel: Mapping[str, Any], data: list[list[Series]]) -> None:
         ax.text(x0 + 0.5 / len(flat), 0.52, text, color="white", ha="center", va="center", fontsize=11,
                 fontweight="bold", transform=ax.transAxes)  # fmt: skip
         room = max(8, width * 7 // len(flat))  # characters that fit under one value at 6 pt
-        ax.text(x0 + 0.5 / len(flat), 0.15, name if len(name) <= room else name[: room - 1] + "…", color="white",
-                ha="center", va="center", fontsize=6, transform=ax.transAxes)  # fmt: skip
+        shown_name = name
+        if len(name) > room:  # the first word (the instance) says most; then its tail (the port)
+            first = name.split()[0]
+            shown_name = first if len(first) <= room else "…" + first[-(room - 1):]
+        ax.text(x0 + 0.5 / len(flat), 0.15, shown_name, color="white", ha="center", va="center", fontsize=6,
+                transform=ax.transAxes)  # fmt: skip
 
 
 def _table(ax: Axes, panel: Mapping[str, Any], data: list[list[Series]]) -> None:
@@ -184,7 +193,8 @@ def _table(ax: Axes, panel: Mapping[str, Any], data: list[list[Series]]) -> None
     _, factor = _unit(panel)
     rows: dict[str, list[str]] = {}
     every = [labels for series in data for _, labels, _, _ in series]
-    varying = sorted(k for k in set().union(*every) if k != "__name__" and len({lab.get(k) for lab in every}) > 1)
+    varying = sorted((k for k in set().union(*every) if k != "__name__" and len({lab.get(k) for lab in every}) > 1),
+                     key=lambda k: (k != "instance", k))  # fmt: skip
     for col, series in enumerate(data):
         for _, labels, _, vs in series:
             name = " ".join(f"{k}={labels.get(k, '')}" for k in varying) or "value"  # what tells the rows apart
@@ -243,8 +253,11 @@ def render_dashboard(board: Mapping[str, Any], data: Mapping[int, list[list[Seri
         else:
             _timeseries(ax, panel, series)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, facecolor=BG)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=DPI, facecolor=BG)
     plt.close(fig)
+    # 128 colours are plenty for flat panels and lines, and keep each PNG a fraction of the RGBA size
+    Image.open(buffer).convert("RGB").quantize(colors=128).save(path, optimize=True)
     return empty
 
 
