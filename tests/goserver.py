@@ -2,9 +2,10 @@
 
 What the two helpers share lives here once: finding the binary (a test skips with a reason when
 none is installed), a free port (retried, since a port can be taken between probing and binding),
-the process with its log in the test's directory, a deadline-bound wait for ``/-/ready``, and a
-clean stop (SIGTERM, then SIGKILL). A subclass says which binary, which config file and which
-flags: :class:`tests.prometheus.Prometheus`, :class:`tests.alertmanager.Alertmanager`.
+the process with its log in the test's directory, a deadline-bound wait for ``/-/ready`` (or the
+subclass's ``READY_PATH``), and a clean stop (SIGTERM, then SIGKILL). A subclass says which binary,
+which config file and which flags: :class:`tests.prometheus.Prometheus`,
+:class:`tests.alertmanager.Alertmanager`, ``tests.dashboards.stack``'s VictoriaMetrics programs.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class GoServer:
     """A real server process; ``url`` is its base URL once entered (``async with``)."""
 
     NAME = "server"  # for messages and the log file's name
+    READY_PATH = "/-/ready"  # answers 200 once the server serves (VictoriaMetrics' programs: /health)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -115,7 +117,8 @@ class GoServer:
                 self._proc = None
                 return False
             try:
-                async with self.session.get(f"{self.url}/-/ready", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                ready = f"{self.url}{self.READY_PATH}"
+                async with self.session.get(ready, timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status == 200:
                         return True
             except (aiohttp.ClientError, TimeoutError):

@@ -482,6 +482,11 @@ class ActCollector(Collector):
                                     labels=["service"])
         for service, n in sorted(views.desired_replicas.items()):
             desired.add_metric([service], n)
+        actions = CounterMetricFamily("sre_agent_scale_actions",
+                                      "Scale decisions by service, direction (out, in) and outcome (acted, dry_run, "
+                                      "refused by a bound or cooldown).", labels=["service", "direction", "outcome"])
+        for key, n in sorted(self._act.scaler.actions().items()):
+            actions.add_metric(list(key), n)
         silences = GaugeMetricFamily("sre_agent_silences_active", "Silences in effect now.")
         silences.add_metric([], views.silences_active)
         h = self._act.health
@@ -492,7 +497,7 @@ class ActCollector(Collector):
         held = GaugeMetricFamily("sre_agent_state_held_work",
                                  "Evaluations and findings held in memory until the state database takes them.")
         held.add_metric([], h.held)
-        yield from (sent, failed, retried, depth, desired, silences, failures, held)
+        yield from (sent, failed, retried, depth, desired, actions, silences, failures, held)
         yield from self._intake()
 
     def _intake(self) -> Iterator[Metric]:

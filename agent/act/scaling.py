@@ -35,6 +35,8 @@ receiver reports in its reply (:meth:`Scaler.on_ack`) is the truth.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -48,13 +50,15 @@ from agent.config import ScalingConfig, ScalingServiceConfig, format_duration
 from agent.matchers import AlertMatcher, matchers_from, matches_all
 from agent.series import iso_ms
 
-__all__ = ["Decision", "Direction", "Scaler", "idempotency_key"]
+__all__ = ["OUTCOMES", "Decision", "Direction", "Scaler", "idempotency_key"]
 
 log = structlog.get_logger(__name__)
 
 Direction = Literal["out", "in"]
 
 UNHEALTHY_WRITE_INTERVAL_MS = 1000  # mark_unhealthy persists at most this often per service
+#: Outcomes of a decision, as ``sre_agent_scale_actions_total{outcome}`` counts them.
+OUTCOMES = ("acted", "dry_run", "refused")
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class Scaler:
         self._unhealthy_written_ms: dict[str, int] = {}  # latest mark persisted
         self._dry: dict[str, ScaleState] = {}  # dry-run: what the state would be, in memory only
         self._refused: dict[tuple[str, str], str] = {}  # (service, direction) -> last refusal logged at info
+        # (service, direction, outcome) -> decisions; written on the writer thread, read by /metrics
+        self._actions: Counter[tuple[str, str, str]] = Counter()
+        self._actions_lock = threading.Lock()
 
     # -- lookups ------------------------------------------------------------------------------
     def service_for(self, labels: Mapping[str, str], name: str | None = None) -> ScalingServiceConfig | None:
@@ -150,6 +157,23 @@ class Scaler:
             state = self._db.cooldowns.get(name)
             out[name] = state.desired if state is not None else _initial(svc)
         return out
+
+    def actions(self) -> dict[tuple[str, str, str], int]:
+        """(service, direction, outcome) -> decisions since start, every configured service and
+        direction included at 0, for ``sre_agent_scale_actions_total``."""
+        with self._actions_lock:
+            counts = dict(self._actions)
+        for name in self._services:
+            for direction in ("out", "in"):
+                for outcome in OUTCOMES:
+                    counts.setdefault((name, direction, outcome), 0)
+        return counts
+
+    def _count(self, decision: Decision) -> Decision:
+        outcome = "acted" if decision.acted else "dry_run" if decision.dry_run else "refused"
+        with self._actions_lock:
+            self._actions[(decision.service, decision.direction, outcome)] += 1
+        return decision
 
     # -- inputs -------------------------------------------------------------------------------
     def mark_unhealthy(self, service: str, now_ms: int) -> None:
@@ -196,7 +220,7 @@ class Scaler:
             why = f"no scaling service named {service!r}" if service else "no scaling service matches the alert"
             log.warning("scale refused", direction=direction, alertname=alert.labels.get("alertname", ""),
                         reason=why)  # fmt: skip
-            return Decision(service or "", direction, 0, 0, acted=False, dry_run=False, reason=why)
+            return self._count(Decision(service or "", direction, 0, 0, acted=False, dry_run=False, reason=why))
         dry_run = self._config.dry_run or svc.dry_run
         state = self._dry.get(svc.name) if dry_run else None
         if state is None:
@@ -210,7 +234,8 @@ class Scaler:
             refusal = self._refuse_in(svc, state, current, now_ms)
         if refusal is not None:
             self._log_refusal(svc.name, direction, current, *refusal)
-            return Decision(svc.name, direction, current, current, acted=False, dry_run=False, reason=refusal[1])
+            return self._count(Decision(svc.name, direction, current, current, acted=False, dry_run=False,
+                                        reason=refusal[1]))
         self._refused.pop((svc.name, direction), None)
         reason = _reason(alert)
         plan = _Plan(svc, direction, current, target, now_ms, reason,
@@ -223,7 +248,8 @@ class Scaler:
             # Pace the next "would scale" as a real run would be paced (cooldowns, bounds),
             # so a firing alert does not record one every evaluation; nothing is persisted.
             self._dry[svc.name] = _stepped(state if state is not None else self._fresh(svc), plan, target)
-            return Decision(svc.name, direction, current, target, acted=False, dry_run=True, reason=reason)
+            return self._count(Decision(svc.name, direction, current, target, acted=False, dry_run=True,
+                                        reason=reason))
         notification = None
         if svc.webhook is not None:
             notification = Notification(key=plan.key, receiver=scale_queue(svc.name), kind="scale", created_ms=now_ms,
@@ -231,8 +257,8 @@ class Scaler:
         self._act(plan, notification, alert)
         log.info("scale decided", service=svc.name, direction=direction, from_replicas=current,
                  to_replicas=target, queued=notification is not None, key=plan.key, reason=reason)  # fmt: skip
-        return Decision(svc.name, direction, current, target, acted=True, dry_run=False, reason=reason,
-                        notification=notification)  # fmt: skip
+        return self._count(Decision(svc.name, direction, current, target, acted=True, dry_run=False,
+                                    reason=reason, notification=notification))
 
     def _act(self, plan: _Plan, notification: Notification | None, alert: AlertSnapshot) -> None:
         """Persist the decision, queue its request and record it, as one transaction."""

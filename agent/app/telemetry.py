@@ -9,6 +9,7 @@ dcgm-exporter.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -20,7 +21,7 @@ from agent import __version__
 from agent.collect.scrape import Scraper
 from agent.promql.remote import RemoteSource
 from agent.rules.manager import AlertState, RuleManager, rule_group_label
-from agent.series import Observation
+from agent.series import Observation, labels_get
 from agent.store import AppendResult, Store
 
 __all__ = ["AgentCollector", "CycleStats", "SourceCollector", "build_registry"]
@@ -79,11 +80,7 @@ class AgentCollector(Collector):
             dur.add_metric(key, g.eval_seconds)
             failing.add_metric(key, sum(r.health == "err" for r in g.rules))
             failures.add_metric(key, g.failures)
-        alerts = GaugeMetricFamily("sre_agent_alerts", "Active alerts by state.", labels=["state"])
-        active = rules.alerts()
-        for state in (AlertState.PENDING, AlertState.FIRING):
-            alerts.add_metric([state.value], sum(a.state is state for a in active))
-        yield from (dur, failing, failures, alerts)
+        yield from (dur, failing, failures, _alerts(rules))
 
     def _targets(self) -> Iterator[Metric]:
         lbl = ["job", "instance"]
@@ -134,6 +131,21 @@ class AgentCollector(Collector):
         )
         refused.add_metric([], self._store.refused_series)
         yield refused
+
+
+def _alerts(rules: RuleManager) -> GaugeMetricFamily:
+    """Active alerts by state and ``severity`` label. Every severity a loaded alerting rule sets
+    is exported in both states (0 when none), so a dashboard shows zeros, not gaps; an alert
+    without the label counts under ``severity=""``."""
+    fam = GaugeMetricFamily("sre_agent_alerts", "Active alerts by state and severity.", labels=["state", "severity"])
+    counts: Counter[tuple[str, str]] = Counter(
+        (a.state.value, labels_get(a.labels, "severity")) for a in rules.alerts())
+    severities = {r.spec.labels.get("severity", "") for g in rules.groups for r in g.rules if r.spec.kind == "alert"}
+    severities |= {sev for _, sev in counts}
+    for state in (AlertState.PENDING, AlertState.FIRING):
+        for sev in sorted(severities):
+            fam.add_metric([state.value, sev], counts[(state.value, sev)])
+    return fam
 
 
 def _as_families(samples: Sequence[Observation]) -> Iterator[Metric]:

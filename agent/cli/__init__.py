@@ -105,7 +105,10 @@ def _parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="serve a simulated vLLM fleet's /metrics (on 127.0.0.1 by default)",
                          description="Serve realistic vLLM /metrics for N replicas driven by a queueing model. "
-                                     "POST {\"replicas\": N} to the control port's /scale to scale.")
+                                     "POST {\"replicas\": N} to the control port's /scale to scale. The "
+                                     "replicas' GPUs are served under dcgm-exporter's names (DCGM_FI_DEV_*) at "
+                                     "/metrics on the GPU exporter port (--dcgm-port, default --port minus 2), "
+                                     "as one node's dcgm-exporter would; its URL is logged at start.")
     _fleet_flags(sim, default_port=8000, default_scenario="steady")
     sim.add_argument("--host", default="127.0.0.1",
                      help="address every replica and the control port listen on (default %(default)s; "
@@ -144,6 +147,11 @@ def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scena
     p.add_argument("--speed", type=float, default=1.0, help="model seconds per wall second (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", type=Path, help="where replicas write their logs (oom scenario)")
+    p.add_argument("--dcgm-port", type=int, default=None,
+                   help="GPU exporter port: simulated dcgm-exporter /metrics of every replica's GPUs "
+                        "(default: --port minus 2, a free port with --port 0; -1 turns it off)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="GPUs per vLLM/LMDeploy replica on the simulated host (default %(default)s)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,7 +247,8 @@ async def _simulate_async(args: argparse.Namespace) -> int:
     fleet = Fleet(replace(fleet_config(args), host=args.host))
     await fleet.start()
     log = structlog.get_logger("agent.simulate")
-    log.info("simulator serving", targets=fleet.targets, control=fleet.control_url, scenario=args.scenario)
+    log.info("simulator serving", targets=fleet.targets, control=fleet.control_url, gpu_exporter=fleet.dcgm_url,
+             scenario=args.scenario)
     for url in fleet.targets:
         print(url, flush=True)
     try:
@@ -251,9 +260,13 @@ async def _simulate_async(args: argparse.Namespace) -> int:
 
 def fleet_config(args: argparse.Namespace) -> FleetConfig:
     """FleetConfig from the shared simulate/demo flags."""
+    dcgm: int | None = args.dcgm_port
+    if dcgm is None:
+        dcgm = max(args.port - 2, 0) if args.port else 0
     return FleetConfig(
         replicas=args.replicas, base_port=args.port, scenario=args.scenario, generation=args.generation,
         lmdeploy_replicas=args.lmdeploy, seed=args.seed, speed=args.speed, log_dir=args.log_dir,
+        dcgm_port=None if dcgm < 0 else dcgm, tensor_parallel=args.tensor_parallel,
     )
 
 

@@ -6,9 +6,14 @@ vLLM does for a client that does not ask for OpenMetrics), ``GET /health`` and
 ``GET /version``; a replica killed by its scenario first answers ``/health`` with
 503 (500 on V0), then closes its port so scrapes get *connection refused*, exactly the
 sequence CATALOG §6 describes. The control port takes ``POST /scale`` (``{"replicas":
-N}`` or ``{"delta": 1}``, with an optional ``idempotency_key``), shares the scenario's
+N}`` or ``{"delta": 1}``, with an optional ``idempotency_key``) and ``POST /gpu_fault``
+(``{"gpu": 3, "xid": 63}`` or ``{"gpu": 3, "nvlink_down": 5}``), shares the scenario's
 demand among the live replicas so a scale-out relieves them, and serves ``GET /state``
 and ``GET /targets`` (Prometheus HTTP service discovery JSON).
+
+The replicas' GPUs (:mod:`.gpu`, ``tensor_parallel`` per replica, on one simulated host named
+after ``host``) are served under dcgm-exporter's names on one more port, the *GPU exporter*
+(``dcgm_port``; None turns it off), at ``GET /metrics``, as one node's dcgm-exporter would.
 
 Models step in one background task every ``step_s`` of wall time, each step worth
 ``step_s * speed`` seconds of model time (in sub-steps of at most a second), and a
@@ -31,7 +36,8 @@ import structlog
 from aiohttp import web
 
 from agent.errors import SimulatorError
-from agent.simulate.model import ReplicaModel, ReplicaParams
+from agent.simulate.gpu import GpuBank, GpuParams, SimGpu
+from agent.simulate.model import Load, ReplicaModel, ReplicaParams
 from agent.simulate.render import VERSIONS, Renderer, bounds_for
 from agent.simulate.scenarios import Scenario, cuda_oom_lines, get_scenario, log_stamp, preemption_line, stats_line
 
@@ -49,7 +55,9 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
     """What to simulate. ``control_port`` None means ``base_port - 1`` (or a free port when
-    ``base_port`` is 0); 0 means pick a free port. ``generation`` is ``"v1"`` or ``"v0"``."""
+    ``base_port`` is 0); 0 means pick a free port. ``generation`` is ``"v1"`` or ``"v0"``.
+    ``dcgm_port`` is the GPU exporter's port (0: a free one, None: no GPU exporter);
+    ``tensor_parallel`` GPUs serve each replica."""
 
     replicas: int = 3
     host: str = "127.0.0.1"
@@ -65,6 +73,9 @@ class FleetConfig:
     log_dir: Path | None = None
     max_replicas: int = 1024
     params: ReplicaParams = field(default_factory=ReplicaParams)
+    dcgm_port: int | None = 0
+    tensor_parallel: int = 1
+    gpu: GpuParams = field(default_factory=GpuParams)
 
     def __post_init__(self) -> None:
         get_scenario(self.scenario)
@@ -74,6 +85,8 @@ class FleetConfig:
             raise SimulatorError(f"replicas must be within 0..{self.max_replicas}")
         if self.speed <= 0 or self.step_s <= 0:
             raise SimulatorError("speed and step_s must be positive")
+        if not 1 <= self.tensor_parallel <= 64:
+            raise SimulatorError(f"tensor_parallel must be within 1..64, not {self.tensor_parallel}")
 
 
 @dataclass(eq=False)
@@ -93,6 +106,7 @@ class _Replica:
     logged_at: float = 0.0
     logged_prompt: float = 0.0
     logged_preemptions: int = 0
+    gpus: list[SimGpu] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -141,6 +155,11 @@ class Fleet:
         self._control_port = 0
         self._lock = asyncio.Lock()
         self._keys: dict[str, dict[str, object]] = {}
+        self.gpus = GpuBank(config.params, config.gpu, hostname=config.host, seed=config.seed,
+                            tensor_parallel=config.tensor_parallel)  # fmt: skip
+        self._dcgm: web.ServerRunner | None = None
+        self._dcgm_port = 0
+        self._load = Load(arrival_rate=0.0)
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -151,6 +170,11 @@ class Fleet:
     @property
     def control_url(self) -> str:
         return f"http://{self.config.host}:{self._control_port}"
+
+    @property
+    def dcgm_url(self) -> str | None:
+        """The GPU exporter's ``/metrics`` URL (None when ``dcgm_port`` is None)."""
+        return f"http://{self.config.host}:{self._dcgm_port}/metrics" if self._dcgm_port else None
 
     def state(self) -> list[dict[str, object]]:
         """Every replica's status and engine state, for ``GET /state``."""
@@ -181,13 +205,19 @@ class Fleet:
         app.router.add_post("/scale", self._post_scale)
         app.router.add_get("/state", self._get_state)
         app.router.add_get("/targets", self._get_targets)
+        app.router.add_post("/gpu_fault", self._post_gpu_fault)
         self._control = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._control.setup()
         port = cfg.control_port if cfg.control_port is not None else max(cfg.base_port - 1, 0)
         self._control_port = await self._bind(self._control, port)
+        if cfg.dcgm_port is not None:
+            self._dcgm = web.ServerRunner(web.Server(self._handle_dcgm, access_log=None), shutdown_timeout=0.5)
+            await self._dcgm.setup()
+            self._dcgm_port = await self._bind(self._dcgm, cfg.dcgm_port)
         self._task = asyncio.create_task(self._run(), name="simulate-fleet")
         log.info("simulate.fleet_started", replicas=cfg.replicas, lmdeploy=cfg.lmdeploy_replicas,
-                 scenario=cfg.scenario, generation=cfg.generation, control=self.control_url)  # fmt: skip
+                 scenario=cfg.scenario, generation=cfg.generation, control=self.control_url,
+                 gpus=self.dcgm_url)  # fmt: skip
 
     async def stop(self) -> None:
         """Stop stepping and close every port (idempotent)."""
@@ -201,6 +231,9 @@ class Fleet:
         if self._control is not None:
             await self._control.cleanup()
             self._control = None
+        if self._dcgm is not None:
+            await self._dcgm.cleanup()
+            self._dcgm = None
         log.info("simulate.fleet_stopped")
 
     async def scale_to(self, replicas: int) -> None:
@@ -215,7 +248,9 @@ class Fleet:
         while len(self._vllm) < replicas:
             self._vllm.append(await self._spawn(self.config.generation, len(self._vllm)))
         while len(self._vllm) > replicas:
-            await self._close(self._vllm.pop())
+            gone = self._vllm.pop()
+            await self._close(gone)
+            self.gpus.release(gone.gpus)
         self._rebalance()
         log.info("simulate.scaled", before=before, after=replicas)
 
@@ -229,6 +264,7 @@ class Fleet:
         renderer = Renderer(model, flavor, cfg.model, created=self._wallclock())
         log_path = cfg.log_dir / f"{kind}-{index}.log" if cfg.log_dir is not None else None
         replica = _Replica(f"{kind}-{index}", index, flavor, model, renderer, log_path, cfg.host)
+        replica.gpus = self.gpus.allocate(replica.name, flavor)
         replica.runner = web.ServerRunner(web.Server(replica.handle, access_log=None), shutdown_timeout=0.5)
         await replica.runner.setup()
         replica.port = await self._bind(replica.runner, self._next_port)
@@ -300,6 +336,8 @@ class Fleet:
                 if i % 200 == 199:
                     await asyncio.sleep(0)  # let scrapes in between chunks of a large fleet
             self._time += dt
+            self._load = shape
+        self._step_gpus(total)
         for replica in (*self._vllm, *self._lmdeploy):
             if replica.status == "dying" and self._time >= replica.died_at + _WATCHDOG_S:
                 replica.status = "dead"
@@ -307,6 +345,19 @@ class Fleet:
                 log.info("simulate.replica_closed", replica=replica.name, port=replica.port)
             elif replica.status == "up" and self._time - replica.logged_at >= _STATS_EVERY_S:
                 self._log_stats(replica)
+
+    def _step_gpus(self, dt: float) -> None:
+        sc = self.scenario
+        owned: set[int] = set()
+        for replica in (*self._vllm, *self._lmdeploy):
+            oom = None
+            if replica.flavor != "lmdeploy" and sc.kill_replica == replica.index and sc.onset_s < sc.kill_at_s:
+                oom = (self._time - sc.onset_s) / (sc.kill_at_s - sc.onset_s) if self._time >= sc.onset_s else 0.0
+            self.gpus.step(replica.gpus, replica.model, self._load, now=self._time, dt=dt, oom_progress=oom)
+            owned.update(id(g) for g in replica.gpus)
+        idle = [g for g in self.gpus.gpus if id(g) not in owned]
+        if idle:
+            self.gpus.step(idle, None, self._load, now=self._time, dt=dt)
 
     def _kill_due(self) -> None:
         for replica in self._vllm:
@@ -369,9 +420,35 @@ class Fleet:
                     del self._keys[next(iter(self._keys))]
         return web.json_response({**result, "applied": True})
 
+    async def _post_gpu_fault(self, request: web.Request) -> web.Response:
+        """``{"gpu": 3, "xid": 63}`` or ``{"gpu": 3, "nvlink_down": 5}``: inject a hardware fault."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response({"error": "body must be JSON"}, status=400)
+        ints = {k: body.get(k) for k in ("gpu", "xid", "nvlink_down")} if isinstance(body, dict) else {}
+        if not ints or any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints.values()) \
+                or ints["gpu"] is None or (ints["xid"] is None and ints["nvlink_down"] is None):
+            return web.json_response({"error": "give an integer 'gpu' and an integer 'xid' or 'nvlink_down'"},
+                                     status=400)
+        try:
+            self.gpus.fault(ints["gpu"], xid=ints["xid"], nvlink_down=ints["nvlink_down"])
+        except SimulatorError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        log.warning("simulate.gpu_fault", **{k: v for k, v in ints.items() if v is not None})
+        return web.json_response({"applied": True, **ints})
+
     async def _get_state(self, request: web.Request) -> web.Response:
         return web.json_response({"model_time": round(self._time, 3), "scenario": self.config.scenario,
-                                  "replicas": self.state()})  # fmt: skip
+                                  "replicas": self.state(), "gpu_exporter": self.dcgm_url,
+                                  "gpus": self.gpus.state()})  # fmt: skip
+
+    async def _handle_dcgm(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method != "GET":
+            return web.Response(status=405)
+        if request.path.rstrip("/") != "/metrics":
+            return web.Response(status=404)
+        return web.Response(body=self.gpus.render(self._time), headers={"Content-Type": CONTENT_TYPE})
 
     async def _get_targets(self, request: web.Request) -> web.Response:
         groups = [{"targets": [r.address],

@@ -334,3 +334,16 @@ def test_desired_replicas_default_to_initial_then_min(db: StateDB) -> None:
     s = Scaler(scaling(service(initial_replicas=5), ScalingServiceConfig(name="b", min_replicas=1)), db,
                started_ms=LONG_AGO)
     assert s.desired_replicas() == {"vllm": 5, "b": 1}
+
+
+def test_actions_are_counted_by_service_direction_and_outcome(db: StateDB) -> None:
+    """Every decision counts once under acted, dry_run or refused; configured services start at 0."""
+    s = Scaler(scaling(service(), service(name="lm", dry_run=True)), db, started_ms=LONG_AGO)
+    assert set(s.actions().values()) == {0} and len(s.actions()) == 12  # 2 services x 2 directions x 3
+    s.decide("out", alert(), service="vllm", now_ms=T0)  # acted
+    s.decide("out", alert(), service="vllm", now_ms=T0 + 1)  # refused: cooldown
+    s.decide("out", alert(), service="lm", now_ms=T0)  # dry run
+    s.decide("out", alert(), service="nope", now_ms=T0)  # refused: no such service
+    counts = {k: n for k, n in s.actions().items() if n}
+    assert counts == {("vllm", "out", "acted"): 1, ("vllm", "out", "refused"): 1, ("lm", "out", "dry_run"): 1,
+                      ("nope", "out", "refused"): 1}

@@ -170,7 +170,8 @@ async def test_rules_evaluated_and_served(fleet: Fleet, tmp_path: Path) -> None:
                 text = await r.text()
         assert [a["labels"]["alertname"] for a in alerts] == ["AlwaysOn"] and alerts[0]["state"] == "firing"
         assert [r["name"] for r in groups[0]["rules"]] == ["job:my_custom_metric:sum", "AlwaysOn"]
-        assert 'sre_agent_alerts{state="firing"} 1.0' in text
+        assert 'sre_agent_alerts{severity="none",state="firing"} 1.0' in text
+        assert 'sre_agent_alerts{severity="none",state="pending"} 0.0' in text
         assert [e.kind for e in agent.events][:1] == ["firing"]
     finally:
         await agent.stop()
@@ -261,6 +262,7 @@ async def test_incidents_silences_and_act_metrics_are_served(fleet: Fleet, tmp_p
     assert 'sre_agent_notifications_sent_total{receiver="console"} 1.0' in metrics
     assert 'sre_agent_outbox_depth{receiver="console"} 0.0' in metrics
     assert "sre_agent_silences_active 1.0" in metrics
+    assert "# TYPE sre_agent_scale_actions_total counter" in metrics  # no scaling services: no samples
     assert (expired, again) == (200, 404)
 
 
