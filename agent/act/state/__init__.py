@@ -11,7 +11,9 @@ over that one connection, so a dispatcher round that touches several of them sti
 * ``db.nflog`` (:class:`~agent.act.state.alerts.NotificationLog`): what was sent per alert group,
   and where (Slack message references);
 * ``db.cooldowns`` (:class:`~agent.act.state.alerts.Cooldowns`): scaling state per service;
-* ``db.silences`` and ``db.incidents`` (:mod:`~agent.act.state.history`).
+* ``db.silences`` and ``db.incidents`` (:mod:`~agent.act.state.history`);
+* ``db.remote_write`` (:class:`~agent.act.state.remote_write.RemoteWriteBatches`): samples waiting
+  for a remote-write endpoint to acknowledge them.
 
 The records these return and the table schema are in :mod:`agent.act.state.records`; they are
 re-exported here, so ``from agent.act.state import Silence`` works.
@@ -39,14 +41,16 @@ from agent.act.state.records import (
     IncidentEvent,
     NflogEntry,
     OutboxItem,
+    RemoteWriteBatch,
     ScaleState,
     Silence,
     iso_ms,
 )
+from agent.act.state.remote_write import RemoteWriteBatches
 
 __all__ = [
     "DELIVERED_KEEP_MS", "SCHEMA_VERSION", "Incident", "IncidentEvent", "NflogEntry", "OutboxItem",
-    "ScaleState", "Silence", "StateDB", "iso_ms",
+    "RemoteWriteBatch", "ScaleState", "Silence", "StateDB", "iso_ms",
 ]
 
 log = structlog.get_logger(__name__)
@@ -67,6 +71,7 @@ class StateDB:
         self.cooldowns = Cooldowns(self._conn)
         self.silences = Silences(self._conn)
         self.incidents = Incidents(self._conn)
+        self.remote_write = RemoteWriteBatches(self._conn)
 
     def close(self) -> None:
         self._conn.close()
