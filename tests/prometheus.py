@@ -55,6 +55,11 @@ class Prometheus(GoServer):
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 *(["--web.enable-remote-write-receiver"] if self.remote_write_receiver else [])]
 
+    async def settled(self, expr: str, at: float) -> list[dict[str, Any]]:
+        """:meth:`query`: what Prometheus accepted by remote write is searchable at once (the same call as
+        :meth:`tests.victoriametrics.VictoriaMetrics.settled`)."""
+        return await self.query(expr, at)
+
     async def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """An instant query's ``result`` at ``at`` (seconds)."""
         data = await self.api(f"query?query={quote(expr)}&time={at:.3f}")

@@ -2,17 +2,21 @@
 
 Debian's ``victoria-metrics`` package (1.79 in CI) on a free port, its data in the test's directory,
 with query caching and the 30 s ``-search.latencyOffset`` off, so what a test wrote is what it
-queries right after :meth:`VictoriaMetrics.flush`. Use it as ``async with VictoriaMetrics(tmp_path) as vm:``;
-tests skip with a reason when no binary is installed. VictoriaMetrics keeps every sample it is sent
-(no ``-dedup.minScrapeInterval`` here), so counting samples finds a duplicate.
+queries once it is searchable: :meth:`VictoriaMetrics.settled` flushes and polls, since a new series
+becomes searchable a moment after the flush (its index entry is registered asynchronously). Use it
+as ``async with VictoriaMetrics(tmp_path) as vm:``; tests skip with a reason when no binary is installed.
+VictoriaMetrics keeps every sample it is sent (no ``-dedup.minScrapeInterval`` here), so counting
+samples finds a duplicate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 from urllib.parse import quote
 
-from .goserver import GoServer, find_binary
+from .goserver import DEADLINE_S, GoServer, find_binary
 
 __all__ = ["VictoriaMetrics"]
 
@@ -39,6 +43,14 @@ class VictoriaMetrics(GoServer):
         """Make what was written searchable now (VictoriaMetrics buffers it for about a second)."""
         async with self.session.get(f"{self.url}/internal/force_flush") as r:
             r.raise_for_status()
+
+    async def settled(self, expr: str, at: float, *, timeout: float = DEADLINE_S) -> list[dict[str, Any]]:
+        """:meth:`query` after a flush, polled until it returns something (or ``timeout``: then the empty answer)."""
+        await self.flush()
+        deadline = time.monotonic() + timeout
+        while not (result := await self.query(expr, at)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return result
 
     async def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """An instant query's ``result`` at ``at`` (seconds)."""

@@ -30,14 +30,9 @@ async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         yield srv
 
 
-async def flush(server: TSDB) -> None:
-    if isinstance(server, VictoriaMetrics):
-        await server.flush()
-
-
 async def count(server: TSDB, expr: str, at: float) -> dict[str, float]:
     """``count_over_time`` per series of ``expr`` over the last hour at ``at``, by label ``i``."""
-    result = await server.query(f"count_over_time({expr}[1h])", at)
+    result = await server.settled(f"count_over_time({expr}[1h])", at)
     return {r["metric"].get("i", ""): float(r["value"][1]) for r in result}
 
 
@@ -75,10 +70,9 @@ async def test_samples_arrive_exactly_once_across_a_server_restart(server: TSDB,
         await q.stop()
         await db.aclose()
     assert q.stats.failed == 0 and q.stats.dropped == {}
-    await flush(server)
     at = now_ms / 1000 + 1
     assert await count(server, "sre_rw_test:value", at) == {str(i): float(PER_SERIES) for i in range(SERIES)}
-    sums = await server.query("sum by (i) (sum_over_time(sre_rw_test:value[1h]))", at)
+    sums = await server.settled("sum by (i) (sum_over_time(sre_rw_test:value[1h]))", at)
     assert {r["metric"]["i"]: float(r["value"][1]) for r in sums} == {
         str(i): float(sum(t * 10 + i for t in range(PER_SERIES))) for i in range(SERIES)}
 
@@ -98,10 +92,9 @@ async def test_staleness_markers_end_a_series(server: TSDB, tmp_path: Path) -> N
     finally:
         await q.stop()
         await db.aclose()
-    await flush(server)
-    query = server.query
-    assert [r["value"][1] for r in await query('ALERTS{alertname="SomethingHigh"}', now_ms / 1000 - 20)] == ["1"]
-    assert await query('ALERTS{alertname="SomethingHigh"}', now_ms / 1000 - 5) == []
+    assert [r["value"][1] for r in await server.settled('ALERTS{alertname="SomethingHigh"}', now_ms / 1000 - 20)] \
+        == ["1"]
+    assert await server.query('ALERTS{alertname="SomethingHigh"}', now_ms / 1000 - 5) == []
     assert await count(server, 'ALERTS{alertname="SomethingHigh"}', now_ms / 1000) == {"0": 2.0}
 
 
@@ -119,6 +112,5 @@ async def test_many_requests_in_a_row(server: TSDB, tmp_path: Path) -> None:
     finally:
         await q.stop()
         await db.aclose()
-    await flush(server)
-    got = await server.query("sum(count_over_time(sre_rw_backlog[1h]))", now_ms / 1000 + 1)
+    got = await server.settled("sum(count_over_time(sre_rw_backlog[1h]))", now_ms / 1000 + 1)
     assert float(got[0]["value"][1]) == 3000.0
