@@ -14,6 +14,7 @@ installed.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -55,9 +56,10 @@ class Prometheus(GoServer):
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 *(["--web.enable-remote-write-receiver"] if self.remote_write_receiver else [])]
 
-    async def settled(self, expr: str, at: float) -> list[dict[str, Any]]:
+    async def settled(self, expr: str, at: float, *, until: Callable[[list[dict[str, Any]]], bool] = bool
+                      ) -> list[dict[str, Any]]:
         """:meth:`query`: what Prometheus accepted by remote write is searchable at once (the same call as
-        :meth:`tests.victoriametrics.VictoriaMetrics.settled`)."""
+        :meth:`tests.victoriametrics.VictoriaMetrics.settled`; ``until`` is not needed here)."""
         return await self.query(expr, at)
 
     async def query(self, expr: str, at: float) -> list[dict[str, Any]]:

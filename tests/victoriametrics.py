@@ -3,7 +3,7 @@
 Debian's ``victoria-metrics`` package (1.79 in CI) on a free port, its data in the test's directory,
 with query caching and the 30 s ``-search.latencyOffset`` off, so what a test wrote is what it
 queries once it is searchable: :meth:`VictoriaMetrics.settled` flushes and polls, since a new series
-becomes searchable a moment after the flush (its index entry is registered asynchronously). Use it
+becomes searchable a second or two after the flush. Use it
 as ``async with VictoriaMetrics(tmp_path) as vm:``; tests skip with a reason when no binary is installed.
 VictoriaMetrics keeps every sample it is sent (no ``-dedup.minScrapeInterval`` here), so counting
 samples finds a duplicate.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -44,11 +45,13 @@ class VictoriaMetrics(GoServer):
         async with self.session.get(f"{self.url}/internal/force_flush") as r:
             r.raise_for_status()
 
-    async def settled(self, expr: str, at: float, *, timeout: float = DEADLINE_S) -> list[dict[str, Any]]:
-        """:meth:`query` after a flush, polled until it returns something (or ``timeout``: then the empty answer)."""
+    async def settled(self, expr: str, at: float, *, until: Callable[[list[dict[str, Any]]], bool] = bool,
+                      timeout: float = DEADLINE_S) -> list[dict[str, Any]]:
+        """:meth:`query` after a flush, polled until ``until(result)`` holds (default: not empty) or ``timeout``
+        passes, then the last answer: what was just written becomes searchable within a second or two."""
         await self.flush()
         deadline = time.monotonic() + timeout
-        while not (result := await self.query(expr, at)) and time.monotonic() < deadline:
+        while not until(result := await self.query(expr, at)) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         return result
 

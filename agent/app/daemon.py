@@ -13,6 +13,7 @@ the HTTP server and sessions close.
 from __future__ import annotations
 
 import asyncio
+import functools
 import resource
 import socket
 import time
@@ -143,6 +144,8 @@ class Agent:
             self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
         self._self_writer = RoundWriter(self.store, keep_filter=False)  # the agent's own health, for our rules
+        if self.remote_write is not None and "scraped" in self.remote_write.kinds:  # embedded mode (config checks)
+            self.scraper.observer = self._nvml_writer.observer = functools.partial(self._note_written, "scraped")
         self._nvml_started = False
         self._nvml_samples: list[Observation] = []
         self.stats = _Stats()
@@ -235,6 +238,7 @@ class Agent:
         await self.scraper.scrape_all()
         self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
         self._write_self_metrics()
+        await self._flush_written(int(self._clock() * 1000))
         self.stats.last_cycle_seconds = time.perf_counter() - t0
         self.stats.scrape_cycles += 1
 
@@ -272,6 +276,7 @@ class Agent:
         samples = await asyncio.to_thread(nv.poll, now_ms)
         self._nvml_samples = samples
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
+        await self._flush_written(now_ms)
 
     async def evaluate(self, group: Group) -> None:
         now_ms = int(self._clock() * 1000)

@@ -94,5 +94,50 @@ async def test_recorded_series_and_alerts_reach_prometheus_and_victoriametrics(t
             await target.server.stop()
 
 
+def four(result: list[dict[str, Any]]) -> list[float]:
+    return [float(r["value"][1]) for r in result]
+
+
 async def _done(ok: bool) -> bool | None:
     return True if ok else None
+
+
+async def test_embedded_mode_forwards_scraped_samples(tmp_path: Path) -> None:
+    """write: [scraped]: every stored sample of each scrape, up and scrape_* included, reaches
+    VictoriaMetrics, one per scrape; nothing the rules wrote is sent."""
+    rule_file = tmp_path / "local.rules.yaml"
+    rule_file.write_text(RULES)
+    target = MetricsTarget()
+    await target.server.start()
+    async with VictoriaMetrics(tmp_path / "vm") as vm:
+        config = Config.model_validate({
+            "targets": [{"url": target.url, "job": "e2e"}], "rules": {"files": [str(rule_file)]},
+            "store": {"keep": ["e2e_condition"]},
+            "remote_write": [{"url": vm.write_url, "write": ["scraped"], "external_labels": {"node": "n1"}}],
+            "state": {"path": str(tmp_path / "state.db")}, "nvml": {"enabled": False},
+        })
+        agent = Agent(config)
+        assert agent.remote_write is not None
+        agent.remote_write.start()
+        try:
+            target.set(3)
+            for _ in range(4):
+                await agent.scrape_cycle()
+                await agent.evaluate_all()
+                await asyncio.sleep(0.01)  # distinct millisecond timestamps
+            [q] = agent.remote_write.queues
+            await eventually(lambda: _done(q.stats.pending == 0 and q.stats.sent >= 20), what="sent")
+            now = time.time() + 1
+            for name in ("e2e_condition", "up", "scrape_duration_seconds", "scrape_samples_scraped",
+                         "scrape_body_size_bytes"):
+                got = await vm.settled(f'count_over_time({name}{{node="n1"}}[1h])', now,
+                                       until=lambda r: four(r) == [4.0])
+                assert four(got) == [4.0], name
+            assert await vm.query("ALERTS", now) == []
+            assert q.stats.sent == 20
+            [up] = await vm.query('up{node="n1"}', now)
+            assert up["metric"] == {"__name__": "up", "job": "e2e", "instance": target.url.split("//")[1].split("/")[0],
+                                    "node": "n1"}
+        finally:
+            await agent.stop()
+            await target.server.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,10 +31,12 @@ async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         yield srv
 
 
-async def count(server: TSDB, expr: str, at: float) -> dict[str, float]:
-    """``count_over_time`` per series of ``expr`` over the last hour at ``at``, by label ``i``."""
-    result = await server.settled(f"count_over_time({expr}[1h])", at)
-    return {r["metric"].get("i", ""): float(r["value"][1]) for r in result}
+async def count(server: TSDB, expr: str, at: float, expect: dict[str, float]) -> dict[str, float]:
+    """``count_over_time`` per series of ``expr`` over the last hour at ``at``, by label ``i``, once it is
+    ``expect`` or the wait for it ran out (VictoriaMetrics shows a write within a second or two)."""
+    def by_i(result: list[dict[str, Any]]) -> dict[str, float]:
+        return {r["metric"].get("i", ""): float(r["value"][1]) for r in result}
+    return by_i(await server.settled(f"count_over_time({expr}[1h])", at, until=lambda r: by_i(r) == expect))
 
 
 def rows(name: str, start_ms: int) -> list[Sample]:
@@ -71,7 +74,8 @@ async def test_samples_arrive_exactly_once_across_a_server_restart(server: TSDB,
         await db.aclose()
     assert q.stats.failed == 0 and q.stats.dropped == {}
     at = now_ms / 1000 + 1
-    assert await count(server, "sre_rw_test:value", at) == {str(i): float(PER_SERIES) for i in range(SERIES)}
+    want = {str(i): float(PER_SERIES) for i in range(SERIES)}
+    assert await count(server, "sre_rw_test:value", at, want) == want
     sums = await server.settled("sum by (i) (sum_over_time(sre_rw_test:value[1h]))", at)
     assert {r["metric"]["i"]: float(r["value"][1]) for r in sums} == {
         str(i): float(sum(t * 10 + i for t in range(PER_SERIES))) for i in range(SERIES)}
@@ -92,10 +96,10 @@ async def test_staleness_markers_end_a_series(server: TSDB, tmp_path: Path) -> N
     finally:
         await q.stop()
         await db.aclose()
-    assert [r["value"][1] for r in await server.settled('ALERTS{alertname="SomethingHigh"}', now_ms / 1000 - 20)] \
-        == ["1"]
-    assert await server.query('ALERTS{alertname="SomethingHigh"}', now_ms / 1000 - 5) == []
-    assert await count(server, 'ALERTS{alertname="SomethingHigh"}', now_ms / 1000) == {"0": 2.0}
+    series = 'ALERTS{alertname="SomethingHigh"}'
+    assert await count(server, series, now_ms / 1000, {"0": 2.0}) == {"0": 2.0}  # the marker is no sample
+    assert [r["value"][1] for r in await server.query(series, now_ms / 1000 - 20)] == ["1"]
+    assert await server.settled(series, now_ms / 1000 - 5, until=lambda r: r == []) == []
 
 
 async def test_many_requests_in_a_row(server: TSDB, tmp_path: Path) -> None:
@@ -112,5 +116,6 @@ async def test_many_requests_in_a_row(server: TSDB, tmp_path: Path) -> None:
     finally:
         await q.stop()
         await db.aclose()
-    got = await server.settled("sum(count_over_time(sre_rw_backlog[1h]))", now_ms / 1000 + 1)
+    got = await server.settled("sum(count_over_time(sre_rw_backlog[1h]))", now_ms / 1000 + 1,
+                               until=lambda r: bool(r) and r[0]["value"][1] == "3000")
     assert float(got[0]["value"][1]) == 3000.0
