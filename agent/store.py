@@ -80,12 +80,13 @@ class Series:
         self.vals.append(value)
         return AppendResult.OK
 
-    def mark_stale(self, now_ms: int) -> None:
+    def mark_stale(self, now_ms: int) -> bool:
         """End the series with a staleness marker, just after its last sample if that is
-        at ``now_ms`` already (a target removed in the same millisecond it was scraped)."""
+        at ``now_ms`` already (a target removed in the same millisecond it was scraped).
+        False when it ended so already."""
         if self.vals and is_stale(self.vals[-1]):
-            return
-        self.append(max(now_ms, self.ts[-1] + 1) if self.ts else now_ms, STALE_NAN)
+            return False
+        return self.append(max(now_ms, self.ts[-1] + 1) if self.ts else now_ms, STALE_NAN) is AppendResult.OK
 
     def window(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """Index range ``[i, j)`` of samples with ``start_ms <= t <= end_ms``."""
@@ -328,25 +329,39 @@ def _name_of(labels: Labels) -> str:
 class RoundWriter:
     """Writes a source's samples in rounds (one NVML poll = one round) and appends
     staleness markers for series that were in the previous round but not this one,
-    the way a scrape does for a target."""
+    the way a scrape does for a target.
 
-    def __init__(self, store: Store, *, keep_filter: bool = True) -> None:
+    ``observer``, when set, is given each round's samples that were appended, staleness markers
+    included, once the round is written (remote write's feed); without one nothing is collected.
+    """
+
+    def __init__(self, store: Store, *, keep_filter: bool = True,
+                 observer: Callable[[list[tuple[Labels, float, int]]], None] | None = None) -> None:
         self._store = store
         self._filter = keep_filter  # False for the agent's own series (rule results)
         self._last: set[Labels] = set()
+        self.observer = observer
 
     def write(self, samples: Iterable[tuple[Labels, float, int]], now_ms: int) -> int:
         store = self._store
         wants = store.wants if self._filter else None
         seen: set[Labels] = set()
+        written: list[tuple[Labels, float, int]] | None = None if self.observer is None else []
         for labels, value, ts in samples:
             name = _name_of(labels)
             if wants is None or wants(name):
-                store.note_rejected(store._series(name, labels).append(ts, value))
+                result = store._series(name, labels).append(ts, value)
+                store.note_rejected(result)
                 seen.add(labels)
+                if written is not None and result is AppendResult.OK:
+                    written.append((labels, value, ts))
         for labels in self._last - seen:
-            store.series(labels).mark_stale(now_ms)
+            series = store.series(labels)
+            if series.mark_stale(now_ms) and written is not None:
+                written.append((labels, STALE_NAN, series.ts[-1]))
         self._last = seen
+        if written and self.observer is not None:
+            self.observer(written)
         return len(seen)
 
     def stale_all(self, now_ms: int) -> None:

@@ -98,6 +98,11 @@ class GoServer:
     async def restart(self) -> None:
         """Stop the process and start it again on the same port (and data directory), like a server that blinks."""
         await self.stop()
+        await self.start_again()
+
+    async def start_again(self) -> None:
+        """Start a :meth:`stop`-ped server again on the same port and data directory (a restart in two steps,
+        for a test that acts while the server is down)."""
         if not await self._start(self.binary(), port=self.port):
             pytest.fail(f"{self.NAME} did not start again; its log:\n{self._log_tail()}")
 

@@ -4,7 +4,8 @@ Where the agent must write what Prometheus writes (the ``value`` of an alert in 
 and ``/api/v1/rules``, a target's ``lastError``), tests compare against the real thing:
 :class:`Prometheus` starts the ``prometheus`` binary (Debian's 2.42 in CI) on 127.0.0.1 with a free
 port, its TSDB in the test's directory, the given ``scrape_configs`` (none by default; every
-second) and the given rule files evaluated every second, and waits with a deadline for
+second) and the given rule files evaluated every second (and, with ``remote_write_receiver``, its
+remote-write receiver on ``/api/v1/write``), and waits with a deadline for
 ``/-/ready``. Use it as ``async with Prometheus(tmp_path, [rules]) as prom:``; the process is
 stopped on the way out, also when the test fails. Tests skip with a reason when no binary is
 installed.
@@ -13,8 +14,10 @@ installed.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .goserver import GoServer, find_binary
 
@@ -32,11 +35,12 @@ class Prometheus(GoServer):
     NAME = "Prometheus"
 
     def __init__(self, workdir: Path, rule_files: list[Path], *, evaluation_interval: str = "1s",
-                 scrape_configs: list[dict[str, Any]] | None = None) -> None:
+                 scrape_configs: list[dict[str, Any]] | None = None, remote_write_receiver: bool = False) -> None:
         super().__init__(workdir)
         self.rule_files = rule_files
         self.evaluation_interval = evaluation_interval
         self.scrape_configs = scrape_configs or []  # Prometheus' scrape_configs, for differential scrape tests
+        self.remote_write_receiver = remote_write_receiver  # accept remote write on /api/v1/write
 
     def binary(self) -> str:
         return prometheus_binary()
@@ -49,7 +53,20 @@ class Prometheus(GoServer):
             "scrape_configs": self.scrape_configs,
         }))
         return [f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}"]
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                *(["--web.enable-remote-write-receiver"] if self.remote_write_receiver else [])]
+
+    async def settled(self, expr: str, at: float, *, until: Callable[[list[dict[str, Any]]], bool] = bool
+                      ) -> list[dict[str, Any]]:
+        """:meth:`query`: what Prometheus accepted by remote write is searchable at once (the same call as
+        :meth:`tests.victoriametrics.VictoriaMetrics.settled`; ``until`` is not needed here)."""
+        return await self.query(expr, at)
+
+    async def query(self, expr: str, at: float) -> list[dict[str, Any]]:
+        """An instant query's ``result`` at ``at`` (seconds)."""
+        data = await self.api(f"query?query={quote(expr)}&time={at:.3f}")
+        result: list[dict[str, Any]] = data["result"]
+        return result
 
     async def api(self, path: str) -> Any:
         """``GET /api/v1/<path>``: the ``data`` of Prometheus' answer."""

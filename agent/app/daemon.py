@@ -13,6 +13,7 @@ the HTTP server and sessions close.
 from __future__ import annotations
 
 import asyncio
+import functools
 import resource
 import socket
 import time
@@ -28,6 +29,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from agent.act import ActCollector, ActLayer
+from agent.act.remote_write import RemoteWrite, RemoteWriteCollector, Sample
 from agent.app.connections import AcceptErrorLog
 from agent.app.recording import RecordingPlacement
 from agent.app.server import (
@@ -130,13 +132,21 @@ class Agent:
         self.source = RemoteSource(config.source) if config.source.remote else None
         self._local_groups = frozenset(config.source.local_groups)
         self._remote_restored: set[str] = set()
-        self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=False)
+        writes_back = any("recording" in r.write for r in config.remote_write)
+        self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
         history = RemoteHistory(config.source) if config.source.remote else None
         self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history)
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
+        # remote_write: what the rules write (and, if asked, what scrapes store) is collected per evaluation
+        # and queued in the state database; without remote_write nothing is collected
+        self.remote_write = (RemoteWrite(config.remote_write, self.act.db, external_labels=rc.external_labels,
+                                         clock=clock) if config.remote_write else None)
+        self._written: dict[str, list[Sample]] = {}
+        if self.remote_write is not None and self.remote_write.kinds & set(RuleManager.WRITE_KINDS):
+            self.rules.observe_writes(self._note_written)
         sc = config.scrape
         self.scraper = Scraper(
             self.store, timeout_s=sc.timeout, body_limit=sc.body_limit, concurrency=sc.concurrency,
@@ -151,6 +161,8 @@ class Agent:
             self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
         self._self_writer = RoundWriter(self.store, keep_filter=False)  # the agent's own health, for our rules
+        if self.remote_write is not None and "scraped" in self.remote_write.kinds:  # embedded mode (config checks)
+            self.scraper.observer = self._nvml_writer.observer = functools.partial(self._note_written, "scraped")
         self._nvml_started = False
         self._nvml_samples: list[Observation] = []
         self.stats = _Stats()
@@ -162,6 +174,7 @@ class Agent:
             DiagnosticsCollector(self.diagnostics),
             HttpCollector(self.http_guard, self._accept_log),
             *([SourceCollector(self.source)] if self.source is not None else []),
+            *([RemoteWriteCollector(self.remote_write)] if self.remote_write is not None else []),
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._http: HttpServer | None = None
@@ -248,6 +261,7 @@ class Agent:
         await self.scraper.scrape_all()
         self.diagnostics.check_targets((t.spec.instance, t.health) for t in self.scraper.targets.values())
         self._write_self_metrics()
+        await self._flush_written(int(self._clock() * 1000))
         self.stats.last_cycle_seconds = time.perf_counter() - t0
         self.stats.scrape_cycles += 1
 
@@ -285,6 +299,7 @@ class Agent:
         samples = await asyncio.to_thread(nv.poll, now_ms)
         self._nvml_samples = samples
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
+        await self._flush_written(now_ms)
 
     async def evaluate(self, group: Group) -> None:
         now_ms = int(self._clock() * 1000)
@@ -303,11 +318,22 @@ class Agent:
         else:
             events = self.rules.eval_group(group, now_ms)
         await self.act.observe(group, events, now_ms)
+        await self._flush_written(now_ms)
         for e in events:
             self.events.append(e)
             labels = {k: v for k, v in e.alert.labels if k != "alertname"}
             log.info("alert state changed", state=e.kind, alertname=e.rule, group=e.group, labels=labels,
                      value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
+
+    def _note_written(self, kind: str, samples: list[Sample]) -> None:
+        if self.remote_write is not None and kind in self.remote_write.kinds:
+            self._written.setdefault(kind, []).extend(samples)
+
+    async def _flush_written(self, now_ms: int) -> None:
+        """Queue for remote write what was written since the last flush (persisted on the writer thread)."""
+        if self.remote_write is not None and self._written:
+            written, self._written = self._written, {}
+            await self.remote_write.enqueue(written, now_ms)
 
     async def evaluate_all(self) -> None:
         for g in self.rules.groups:
@@ -378,6 +404,8 @@ class Agent:
                           max_instances=1, coalesce=True, next_run_time=first_eval)
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         await self.act.start()
+        if self.remote_write is not None:
+            self.remote_write.start()
         sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
                       max_instances=1, coalesce=True, next_run_time=first)
         diag = cfg.diagnostics
@@ -401,6 +429,8 @@ class Agent:
         if self.source is not None:
             await self.source.close()
         await self.diagnostics.stop()
+        if self.remote_write is not None:
+            await self.remote_write.stop()
         await self.act.stop()
         if self._http is not None:
             await self._http.close()

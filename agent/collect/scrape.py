@@ -47,8 +47,8 @@ from agent import __version__
 from agent.collect.discovery import TargetSpec
 from agent.collect.exposition import OPENMETRICS_MEDIA_TYPE, Scanner
 from agent.errors import ExpositionError, ScrapeError
-from agent.series import METRIC_NAME, Labels
-from agent.store import Series, Store
+from agent.series import METRIC_NAME, STALE_NAN, Labels
+from agent.store import AppendResult, Series, Store
 
 __all__ = ["ACCEPT_HEADER", "Scraper", "Target"]
 
@@ -57,6 +57,8 @@ log = structlog.get_logger(__name__)
 #: Prometheus' own Accept header when OpenMetrics is disabled.
 ACCEPT_HEADER = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _CHUNK = 1 << 16
+#: The series a scrape writes for each target itself, besides what the target served.
+_SYNTHETIC = ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_body_size_bytes")
 _MAX_TS_MS, _MIN_TS_MS = 2**63 - 1, -(2**63)  # what the store's int64 timestamps hold
 #: How far after the scrape time a sample's own timestamp may be. Prometheus 2.42's scrape loop
 #: appends through a time-limit appender with ``maxAheadTime = 10 * time.Minute`` and drops later
@@ -140,6 +142,9 @@ class Scraper:
         self._sem = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self.targets: dict[str, Target] = {}
+        #: Told every sample a scrape stored (staleness markers and ``up``/``scrape_*`` too), one call per
+        #: target scrape: remote write's ``scraped`` feed. None (the default) collects nothing.
+        self.observer: Callable[[list[tuple[Labels, float, int]]], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
@@ -304,17 +309,23 @@ class Scraper:
         target.iteration += 1
         it = target.iteration
         rows = [r for r in parsed.rows if r[0][0] is not None] if full else parsed.rows
-        for entry, value, ts in rows:
-            entry[1] = it
-            series, t = entry[0], now_ms if ts is None else ts
-            stamps = series.ts
-            if stamps and t <= stamps[-1]:  # the rare case: let Series apply the TSDB rules
-                store.note_rejected(series.append(t, value))
-            else:  # the hot path, Series.append inlined
-                stamps.append(t)
-                series.vals.append(value)
+        observed: list[tuple[Labels, float, int]] | None = None
+        if self.observer is None:
+            for entry, value, ts in rows:
+                entry[1] = it
+                series, t = entry[0], now_ms if ts is None else ts
+                stamps = series.ts
+                if stamps and t <= stamps[-1]:  # the rare case: let Series apply the TSDB rules
+                    store.note_rejected(series.append(t, value))
+                else:  # the hot path, Series.append inlined
+                    stamps.append(t)
+                    series.vals.append(value)
+        else:
+            observed = self._append_observed(rows, it, now_ms)
         for key in [k for k, e in cache.items() if e[1] != it]:  # gone since the last scrape
-            cache.pop(key)[0].mark_stale(now_ms)
+            series = cache.pop(key)[0]
+            if series.mark_stale(now_ms) and observed is not None:
+                observed.append((series.labels, STALE_NAN, series.ts[-1]))
         target.health, target.last_error = "up", ""
         target.samples, target.stored = parsed.samples_total, len(rows)
         target.out_of_bounds, target.refused_series = len(parsed.refused), full
@@ -333,39 +344,68 @@ class Scraper:
             log.warning("new series refused: the store is full", target=target.url, job=target.spec.job,
                         refused=full, max_series=store.max_series)
         target.last_error = "; ".join(notes)
-        self._finish(target, now_ms, duration, body_bytes, up=1.0)
+        self._finish(target, now_ms, duration, body_bytes, up=1.0, observed=observed)
+
+    def _append_observed(self, rows: list[tuple[list[Any], float, int | None]], it: int,
+                         now_ms: int) -> list[tuple[Labels, float, int]]:
+        """:meth:`_commit`'s appends when an observer listens: the same, plus the list of what was appended
+        (a sample the store refuses, or a repeat of the last one, is not passed on: the remote would refuse
+        the whole request over it)."""
+        store, out = self.store, []
+        for entry, value, ts in rows:
+            entry[1] = it
+            series, t = entry[0], now_ms if ts is None else ts
+            stamps = series.ts
+            if stamps and t <= stamps[-1]:
+                store.note_rejected(series.append(t, value))
+            else:
+                stamps.append(t)
+                series.vals.append(value)
+                out.append((series.labels, value, t))
+        return out
 
     def _record_failure(self, target: Target, now_ms: int, duration: float, error: str, body_bytes: int) -> None:
         if target.last_error != error or target.health != "down":
             log.warning("scrape failed", target=target.url, job=target.spec.job, error=error)
-        self._mark_stale(target, now_ms, synthetic=False)
+        observed = self._mark_stale(target, now_ms, synthetic=False)
         target.health, target.last_error = "down", error
         target.failures += 1
         target.samples = target.stored = target.out_of_bounds = target.refused_series = 0
-        self._finish(target, now_ms, duration, body_bytes, up=0.0)
+        self._finish(target, now_ms, duration, body_bytes, up=0.0, observed=observed)
 
-    def _finish(self, target: Target, now_ms: int, duration: float, body_bytes: int, up: float) -> None:
+    def _finish(self, target: Target, now_ms: int, duration: float, body_bytes: int, up: float, *,
+                observed: list[tuple[Labels, float, int]] | None = None) -> None:
         target.scrapes += 1
         target.last_scrape_ms, target.duration_s, target.body_bytes = now_ms, duration, body_bytes
-        for name, value in (  # up last: if writing this scrape fails half-way, up=1 was not written
+        for name, value in (  # up last: if writing this scrape fails half-way, up=1 was not written (_SYNTHETIC)
             ("scrape_duration_seconds", duration),
             ("scrape_samples_scraped", float(target.samples)),
             ("scrape_body_size_bytes", float(body_bytes)),
             ("up", up),
         ):
-            self._synthetic(target, name).append(now_ms, value)
+            series = self._synthetic(target, name)
+            if series.append(now_ms, value) is AppendResult.OK and observed is not None:
+                observed.append((series.labels, value, now_ms))
+        if observed and self.observer is not None:
+            self.observer(observed)
 
     def _synthetic(self, target: Target, name: str) -> Series:
         # the target's labels are sorted already: cheaper than labels_from(), 4 times per target per scrape
         return self.store.series(tuple(sorted((*target.spec.labels, (METRIC_NAME, name)))))
 
-    def _mark_stale(self, target: Target, now_ms: int, *, synthetic: bool) -> None:
-        for entry in target.cache.values():
-            entry[0].mark_stale(now_ms)
+    def _mark_stale(self, target: Target, now_ms: int, *, synthetic: bool) -> list[tuple[Labels, float, int]] | None:
+        """Staleness markers for every series of the target; the markers written, if an observer listens."""
+        observed: list[tuple[Labels, float, int]] | None = None if self.observer is None else []
+        series = [entry[0] for entry in target.cache.values()]
         target.cache.clear()
         if synthetic:
-            for name in ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_body_size_bytes"):
-                self._synthetic(target, name).mark_stale(now_ms)
+            series += [self._synthetic(target, name) for name in _SYNTHETIC]
+        for s in series:
+            if s.mark_stale(now_ms) and observed is not None:
+                observed.append((s.labels, STALE_NAN, s.ts[-1]))
+        if synthetic and observed and self.observer is not None:  # a removed target: no _finish follows
+            self.observer(observed)
+        return observed
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

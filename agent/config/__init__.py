@@ -49,6 +49,7 @@ from agent.config.act import (
     default_route,
 )
 from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
+from agent.config.remote_write import RemoteWriteConfig, RemoteWriteQueueConfig
 from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
 from agent.config.source import SourceConfig, SourceTLSConfig
 from agent.config.types import (
@@ -75,6 +76,8 @@ __all__ = [
     "NvmlConfig",
     "OomDiagnosisConfig",
     "ReceiverConfig",
+    "RemoteWriteConfig",
+    "RemoteWriteQueueConfig",
     "RouteConfig",
     "ScaleWebhookConfig",
     "ScalingConfig",
@@ -189,6 +192,7 @@ class Config(ConfigModel):
     nvml: NvmlConfig = NvmlConfig()
     server: ServerConfig = ServerConfig()
     source: SourceConfig = SourceConfig()
+    remote_write: list[RemoteWriteConfig] = Field(default_factory=list)
     rules: RulesConfig = RulesConfig()
     state: StateConfig = StateConfig()
     store: StoreConfig = StoreConfig()
@@ -228,6 +232,14 @@ class Config(ConfigModel):
             if route.receiver is not None and route.receiver not in names:
                 raise ValueError(f"{path}.receiver: no receiver named {route.receiver!r} "
                                  f"(receivers: {', '.join(names) or 'none'})")
+        queues: set[str] = set()
+        for i, rw in enumerate(self.remote_write):
+            if rw.queue_name in queues:
+                raise ValueError(f"remote_write[{i}]: a second entry for {rw.queue_name!r}; give each a distinct name")
+            queues.add(rw.queue_name)
+            if "scraped" in rw.write and self.source.remote:
+                raise ValueError(f"remote_write[{i}].write: 'scraped' is for embedded mode (with source.type "
+                                 "prometheus the server scrapes; the agent stores no scraped samples)")
         services = [s.name for s in self.scaling.services]
         for i, action in enumerate(self.actions):
             if action.service is not None and action.service not in services:

@@ -22,6 +22,7 @@ error, like Prometheus.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -138,6 +139,18 @@ class RuleManager:
                   [RuleState(r, writer=RoundWriter(store, keep_filter=False)) for r in g.rules])
             for g in groups
         ]
+
+    #: What :meth:`observe_writes` calls a rule's writes: a recording rule's results, or an alerting rule's
+    #: ``ALERTS`` and ``ALERTS_FOR_STATE``.
+    WRITE_KINDS = ("recording", "alerts")
+
+    def observe_writes(self, observer: Callable[[str, list[tuple[Labels, float, int]]], None] | None) -> None:
+        """Have ``observer(kind, samples)`` told what each rule writes to the store (staleness markers too),
+        ``kind`` being ``"recording"`` or ``"alerts"``; remote write feeds on it. None stops it."""
+        for g in self.groups:
+            for r in g.rules:
+                kind = "recording" if r.spec.kind == "record" else "alerts"
+                r.writer.observer = None if observer is None else functools.partial(observer, kind)
 
     # -- evaluation ------------------------------------------------------------------
     def eval_group(self, group: Group, at_ms: int) -> list[AlertEvent]:

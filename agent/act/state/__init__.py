@@ -14,6 +14,8 @@ over that one connection, so a dispatcher round that touches several of them sti
 * ``db.silences`` and ``db.incidents`` (:mod:`~agent.act.state.history`);
 * ``db.intake`` (:class:`~agent.act.state.intake.Intake`): alerts an Alertmanager posted to the
   agent's webhook, and the inbox of those not processed yet.
+* ``db.remote_write`` (:class:`~agent.act.state.remote_write.RemoteWriteBatches`): samples waiting
+  for a remote-write endpoint to acknowledge them.
 
 The records these return and the table schema are in :mod:`agent.act.state.records`; they are
 re-exported here, so ``from agent.act.state import Silence`` works.
@@ -43,14 +45,16 @@ from agent.act.state.records import (
     IntakeAlert,
     NflogEntry,
     OutboxItem,
+    RemoteWriteBatch,
     ScaleState,
     Silence,
     iso_ms,
 )
+from agent.act.state.remote_write import RemoteWriteBatches
 
 __all__ = [
     "DELIVERED_KEEP_MS", "SCHEMA_VERSION", "Incident", "IncidentEvent", "IntakeAlert", "NflogEntry", "OutboxItem",
-    "ScaleState", "Silence", "StateDB", "iso_ms",
+    "RemoteWriteBatch", "ScaleState", "Silence", "StateDB", "iso_ms",
 ]
 
 log = structlog.get_logger(__name__)
@@ -72,6 +76,7 @@ class StateDB:
         self.silences = Silences(self._conn)
         self.incidents = Incidents(self._conn)
         self.intake = Intake(self._conn)
+        self.remote_write = RemoteWriteBatches(self._conn)
 
     def close(self) -> None:
         self._conn.close()

@@ -23,8 +23,8 @@ from agent.matchers import parse_matcher
 from agent.series import iso_ms
 
 __all__ = [
-    "SCHEMA", "SCHEMA_VERSION", "Incident", "IncidentEvent", "IntakeAlert", "NflogEntry", "OutboxItem", "ScaleState",
-    "Silence", "iso_ms",
+    "SCHEMA", "SCHEMA_VERSION", "Incident", "IncidentEvent", "IntakeAlert", "NflogEntry", "OutboxItem",
+    "RemoteWriteBatch", "ScaleState", "Silence", "iso_ms",
 ]
 
 SCHEMA_VERSION = 1
@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS outbox_failed (id INTEGER PRIMARY KEY, receiver TEXT 
   kind TEXT NOT NULL, payload TEXT NOT NULL, created_ms INTEGER NOT NULL, failed_ms INTEGER NOT NULL,
   attempts INTEGER NOT NULL, error TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS delivered (key TEXT PRIMARY KEY, receiver TEXT NOT NULL, delivered_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS remote_write (id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  samples INTEGER NOT NULL, payload BLOB NOT NULL, created_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS remote_write_queue ON remote_write (queue, id);
 CREATE TABLE IF NOT EXISTS rule_alerts (rule_key TEXT NOT NULL, idx INTEGER NOT NULL, alert TEXT NOT NULL,
   PRIMARY KEY (rule_key, idx));
 CREATE TABLE IF NOT EXISTS rule_eval (rule_key TEXT PRIMARY KEY, eval_ms INTEGER NOT NULL);
@@ -81,6 +84,15 @@ class OutboxItem:
 
     def notification(self) -> Notification:
         return Notification.from_json(self.payload)
+
+
+@dataclass(frozen=True)
+class RemoteWriteBatch:
+    """One queued remote-write batch (a row of ``remote_write``): a serialised, uncompressed ``WriteRequest``."""
+
+    id: int
+    samples: int
+    payload: bytes
 
 
 @dataclass(frozen=True)
