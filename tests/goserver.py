@@ -5,7 +5,7 @@ none is installed), a free port (retried, since a port can be taken between prob
 the process with its log in the test's directory, a deadline-bound wait for ``/-/ready`` (or the
 subclass's ``READY_PATH``), and a clean stop (SIGTERM, then SIGKILL). A subclass says which binary,
 which config file and which flags: :class:`tests.prometheus.Prometheus`,
-:class:`tests.alertmanager.Alertmanager`, ``tests.dashboards.stack``'s VictoriaMetrics programs.
+:class:`tests.alertmanager.Alertmanager`, :mod:`tests.victoriametrics`' VictoriaMetrics programs.
 """
 
 from __future__ import annotations

@@ -12,24 +12,28 @@ samples finds a duplicate.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from .goserver import DEADLINE_S, GoServer, find_binary
 
-__all__ = ["VictoriaMetrics"]
+__all__ = ["VMAgent", "VMAlert", "VictoriaMetrics"]
+
+_INSTALL = "apt-get install victoria-metrics (Debian ships victoria-metrics, vmagent, vmalert)"
 
 
 class VictoriaMetrics(GoServer):
     """One real VictoriaMetrics; ``url`` is its base URL, ``write_url`` its remote-write endpoint."""
 
     NAME = "VictoriaMetrics"
+    READY_PATH = "/health"
 
     def binary(self) -> str:
-        return find_binary(("victoria-metrics", "victoria-metrics-prod"),
-                           "apt-get install victoria-metrics, or put a victoria-metrics release binary on PATH")
+        return find_binary(("victoria-metrics", "victoria-metrics-prod"), _INSTALL)
 
     def arguments(self) -> list[str]:
         return [f"-httpListenAddr=127.0.0.1:{self.port}", f"-storageDataPath={self.workdir / 'data'}",
@@ -61,3 +65,51 @@ class VictoriaMetrics(GoServer):
         assert body["status"] == "success", body
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
+
+
+class VMAgent(GoServer):
+    """vmagent scraping ``scrape_configs`` every second and remote-writing to ``write_url``."""
+
+    NAME = "vmagent"
+    READY_PATH = "/health"
+
+    def __init__(self, workdir: Path, scrape_configs: list[dict[str, Any]], write_url: str) -> None:
+        super().__init__(workdir)
+        self.scrape_configs, self.write_url = scrape_configs, write_url
+
+    def binary(self) -> str:
+        return find_binary(("vmagent", "vmagent-prod"), _INSTALL)
+
+    def arguments(self) -> list[str]:
+        config = self.workdir / "vmagent.yml"
+        config.write_text(json.dumps({"global": {"scrape_interval": "1s"}, "scrape_configs": self.scrape_configs}))
+        return [f"-httpListenAddr=127.0.0.1:{self.port}", f"-promscrape.config={config}",
+                f"-remoteWrite.url={self.write_url}", f"-remoteWrite.tmpDataPath={self.workdir / 'vmagent-data'}",
+                "-remoteWrite.flushInterval=1s", "-promscrape.httpSDCheckInterval=1s", "-loggerLevel=WARN"]
+
+
+class VMAlert(GoServer):
+    """vmalert evaluating ``rule_files`` every second on ``datasource`` and writing results back to it;
+    alerting rules need ``notifier`` (an Alertmanager's URL: vmalert 1.79 refuses to start without one)."""
+
+    NAME = "vmalert"
+    READY_PATH = "/health"
+
+    def __init__(self, workdir: Path, rule_files: list[Path], datasource: str, *, notifier: str | None = None) -> None:
+        super().__init__(workdir)
+        self.rule_files, self.datasource, self.notifier = rule_files, datasource, notifier
+
+    def binary(self) -> str:
+        return find_binary(("vmalert", "vmalert-prod"), _INSTALL)
+
+    def arguments(self) -> list[str]:
+        return [f"-httpListenAddr=127.0.0.1:{self.port}", f"-datasource.url={self.datasource}",
+                f"-remoteWrite.url={self.datasource}", "-evaluationInterval=1s", "-remoteWrite.flushInterval=1s",
+                "-loggerLevel=WARN", *(f"-rule={p}" for p in self.rule_files),
+                *([f"-notifier.url={self.notifier}"] if self.notifier else [])]
+
+    async def alerts(self) -> list[dict[str, Any]]:
+        """vmalert's ``/api/v1/alerts`` (Prometheus' shape)."""
+        body = await self.get_json("/api/v1/alerts")
+        alerts: list[dict[str, Any]] = body["data"]["alerts"] or []  # null when there are none
+        return alerts

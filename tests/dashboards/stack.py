@@ -44,11 +44,11 @@ from agent.gocompat import yamlv3
 from agent.simulate.server import Fleet, FleetConfig
 from tests.conftest import REPO
 from tests.e2e import AgentProcess
-from tests.goserver import GoServer, find_binary
 from tests.prometheus import Prometheus
 from tests.receivers import RecordingServer, reply
+from tests.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
 
-__all__ = ["BACKENDS", "FOR_S", "MODEL_A", "MODEL_B", "Stack", "VictoriaMetrics"]
+__all__ = ["BACKENDS", "FOR_S", "MODEL_A", "MODEL_B", "QueryError", "Stack"]
 
 BACKENDS = ("prometheus", "victoriametrics")
 FOR_S = 2.0  # every alert's `for` in the agent's copy of the rules
@@ -59,66 +59,6 @@ MODEL_B = "Qwen/Qwen2.5-7B-Instruct"
 HOST_B = "127.0.0.2"  # fleet B is another host: its GPUs' Hostname, and where the agent finds their OOM evidence
 FAKE_NCCL = REPO / "tests" / "fake_all_reduce_perf.py"
 RULES = sorted((REPO / "rules").glob("*.rules.yaml"))
-
-
-def _vm_binary(name: str) -> str:
-    return find_binary((name,), "apt-get install victoria-metrics (Debian ships victoria-metrics, vmagent, vmalert)")
-
-
-class VictoriaMetrics(GoServer):
-    """VictoriaMetrics single node; data in the work directory, results visible at once."""
-
-    NAME = "VictoriaMetrics"
-    READY_PATH = "/health"
-
-    def binary(self) -> str:
-        return _vm_binary("victoria-metrics")
-
-    def arguments(self) -> list[str]:
-        # -search.latencyOffset: 30 s by default, which would hide the last 30 s of a 60 s test;
-        # -search.disableCache: results of a moment ago must not be served from the rollup cache.
-        return [f"-httpListenAddr=127.0.0.1:{self.port}", f"-storageDataPath={self.workdir / 'vm-data'}",
-                "-retentionPeriod=1d", "-search.latencyOffset=1s", "-search.disableCache", "-loggerLevel=WARN"]
-
-
-class VMAgent(GoServer):
-    """vmagent scraping ``scrape_configs`` every second and remote-writing to ``write_url``."""
-
-    NAME = "vmagent"
-    READY_PATH = "/health"
-
-    def __init__(self, workdir: Path, scrape_configs: list[dict[str, Any]], write_url: str) -> None:
-        super().__init__(workdir)
-        self.scrape_configs, self.write_url = scrape_configs, write_url
-
-    def binary(self) -> str:
-        return _vm_binary("vmagent")
-
-    def arguments(self) -> list[str]:
-        config = self.workdir / "vmagent.yml"
-        config.write_text(json.dumps({"global": {"scrape_interval": "1s"}, "scrape_configs": self.scrape_configs}))
-        return [f"-httpListenAddr=127.0.0.1:{self.port}", f"-promscrape.config={config}",
-                f"-remoteWrite.url={self.write_url}", f"-remoteWrite.tmpDataPath={self.workdir / 'vmagent-data'}",
-                "-remoteWrite.flushInterval=1s", "-promscrape.httpSDCheckInterval=1s", "-loggerLevel=WARN"]
-
-
-class VMAlert(GoServer):
-    """vmalert evaluating ``rule_files`` every second on ``datasource`` and writing results back to it."""
-
-    NAME = "vmalert"
-    READY_PATH = "/health"
-
-    def __init__(self, workdir: Path, rule_files: list[Path], datasource: str) -> None:
-        super().__init__(workdir)
-        self.rule_files, self.datasource = rule_files, datasource
-
-    def binary(self) -> str:
-        return _vm_binary("vmalert")
-
-    def arguments(self) -> list[str]:
-        return [f"-httpListenAddr=127.0.0.1:{self.port}", f"-datasource.url={self.datasource}",
-                f"-remoteWrite.url={self.datasource}", "-evaluationInterval=1s", "-remoteWrite.flushInterval=1s",
-                "-loggerLevel=WARN", *(f"-rule={p}" for p in self.rule_files)]
 
 
 def agent_rules(directory: Path) -> list[Path]:
