@@ -43,6 +43,15 @@ def _firing(agent: Agent) -> dict[tuple[tuple[str, str], ...], float]:
     return {a.labels: a.active_at_ms / 1000 for a in agent.rules.alerts() if a.state is AlertState.FIRING}
 
 
+def _first_fired(agent: Agent) -> dict[tuple[tuple[str, str], ...], float]:
+    """When each alert first fired (a KV-cache alert at its threshold may resolve and fire again later)."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for e in agent.events:
+        if e.kind == "firing":
+            out.setdefault(e.alert.labels, e.at_ms / 1000)
+    return out
+
+
 @pytest.mark.slow
 async def test_surge_fires_the_same_alerts_in_prometheus_and_through_it(tmp_path: Path) -> None:
     rules = _scaled_rules(tmp_path / "vllm.rules.yaml")
@@ -66,29 +75,30 @@ async def test_surge_fires_the_same_alerts_in_prometheus_and_through_it(tmp_path
                     return {tuple(sorted(a["labels"].items())): parse_time(a["activeAt"])
                             for a in listed if a["state"] == "firing"}
 
-                async def settled() -> tuple[Any, Any, Any] | None:
-                    theirs, ours, local = await prometheus_firing(), _firing(remote), _firing(embedded)
+                async def settled() -> tuple[Any, Any, Any, Any] | None:
+                    theirs, current, local = await prometheus_firing(), _firing(remote), _first_fired(embedded)
                     names = {dict(k)["alertname"] for k in theirs}
-                    if len(names) >= 2 and set(theirs) == set(ours) and set(local) >= set(theirs):
-                        return theirs, ours, local
+                    if len(names) >= 2 and set(theirs) == set(current) and set(local) >= set(theirs):
+                        return theirs, current, _first_fired(remote), local
                     await asyncio.sleep(0.25)
                     return None
 
-                theirs, ours, local = await eventually(settled, timeout=150,
-                                                       what="two or more surge alerts firing in all three")
+                theirs, remote_active, ours, local = await eventually(
+                    settled, timeout=150, what="two or more surge alerts firing in all three")
             finally:
                 await remote.stop()
                 await embedded.stop()
     finally:
         await fleet.stop()
-    assert set(ours) == set(theirs)
-    for key, active in ours.items():
-        assert abs(active - theirs[key]) <= 1.5, (dict(key)["alertname"], active, theirs[key])  # one 1 s interval
+    assert set(ours) >= set(theirs)
+    for key in theirs:  # on the same data: the same evaluation, give or take the one-second interval
+        active = remote_active[key]
+        assert abs(active - theirs[key]) <= 1.5, (dict(key)["alertname"], active, theirs[key])
     # The embedded agent scrapes the fleet itself, at its own moments: the same alerts with the same
-    # labels. Its samples and Prometheus' are up to a scrape apart, so a quantile that creeps across its
-    # threshold (inter-token latency p99) can cross a few evaluations apart: most alerts start within
-    # one interval, none more than six.
-    assert set(ours) <= set(local)
-    apart = sorted(abs(local[k] - v) for k, v in ours.items())
+    # labels, first firing at about the same time. Its samples and Prometheus' are up to a scrape apart, so
+    # a quantile that creeps across its threshold (inter-token latency p99) can cross a few evaluations
+    # apart: most alerts first fire within one interval of the agent through Prometheus, none more than six.
+    keys = set(theirs)
+    apart = sorted(abs(local[k] - ours[k]) for k in keys)
     assert apart[len(apart) // 2] <= 1.5, apart
-    assert apart[-1] <= 6.0, {dict(k)["alertname"]: round(local[k] - v, 3) for k, v in ours.items()}
+    assert apart[-1] <= 6.0, {dict(k)["alertname"]: round(local[k] - ours[k], 3) for k in keys}
