@@ -97,6 +97,11 @@ class MetricsTarget:
     def url(self) -> str:
         return self.server.url("/metrics")
 
+    def scrape_configs(self, job: str = "e2e") -> list[dict[str, Any]]:
+        """Prometheus' ``scrape_configs`` for this target, scraped every second."""
+        host = self.url.split("//")[1].split("/")[0]
+        return [{"job_name": job, "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
+
     def set(self, value: float) -> float:
         """Set the gauge; returns the wall-clock time it changed (the first moment a scrape can see it)."""
         self.value = value

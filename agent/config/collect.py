@@ -14,7 +14,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from agent.config.types import ByteSize, ConfigModel, Duration, check_url, format_duration
 
-__all__ = ["BasicAuthConfig", "Credentials", "FileSDConfig", "ScrapeConfig", "TargetConfig", "check_target_url"]
+__all__ = ["BasicAuthConfig", "Credentials", "FileSDConfig", "ScrapeConfig", "TargetConfig", "check_headers",
+           "check_target_url"]
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -77,6 +78,15 @@ class TargetConfig(Credentials):
             if not _LABEL_NAME_RE.match(name) or name.startswith("__"):
                 raise ValueError(f"invalid label name {name!r}")
         return v
+
+
+def check_headers(v: dict[str, str], reserved: frozenset[str], why: str) -> dict[str, str]:
+    """Extra HTTP headers for an outgoing request, refusing those the agent sets itself (``reserved``,
+    lower case): a user value would silently replace or duplicate them. ``why`` ends the message."""
+    for name in v:
+        if name.lower() in reserved:
+            raise ValueError(f"header {name!r} is set by the agent{why}")
+    return v
 
 
 def check_target_url(v: str) -> str:

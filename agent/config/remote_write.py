@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.config.collect import Credentials, check_target_url
+from agent.config.collect import Credentials, check_headers, check_target_url
 from agent.config.source import SourceTLSConfig
 from agent.config.types import ConfigModel, Duration
 from agent.series import is_label_name
@@ -83,11 +83,8 @@ class RemoteWriteConfig(Credentials):
     @field_validator("headers")
     @classmethod
     def _headers(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name.lower() in _RESERVED_HEADERS:
-                raise ValueError(f"header {name!r} is set by the agent (remote write's own headers, or credentials: "
-                                 "give those as bearer_token_file, bearer_token_env or basic_auth)")
-        return v
+        return check_headers(v, _RESERVED_HEADERS, " (remote write's own headers, or credentials: give those as "
+                                                   "bearer_token_file, bearer_token_env or basic_auth)")
 
     @field_validator("external_labels")
     @classmethod

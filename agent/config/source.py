@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.config.collect import Credentials, check_target_url
+from agent.config.collect import Credentials, check_headers, check_target_url
 from agent.config.types import ConfigModel, Duration
 
 __all__ = ["SourceConfig", "SourceTLSConfig"]
@@ -84,11 +84,8 @@ class SourceConfig(Credentials):
     @field_validator("headers")
     @classmethod
     def _headers(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if name.lower() in _RESERVED_HEADERS:
-                raise ValueError(f"header {name!r} is set by the agent; give credentials as bearer_token_file, "
-                                 "bearer_token_env or basic_auth")
-        return v
+        return check_headers(v, _RESERVED_HEADERS, "; give credentials as bearer_token_file, bearer_token_env or "
+                                                   "basic_auth")
 
     @field_validator("timeout")
     @classmethod

@@ -72,8 +72,7 @@ async def test_same_alerts_as_prometheus_and_nothing_changes_while_it_is_down(tm
     rule_file.write_text(RULES)
     target = MetricsTarget()
     await target.server.start()
-    host = target.url.split("//")[1].split("/")[0]
-    scrape = [{"job_name": "e2e", "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
+    scrape = target.scrape_configs()
     clock = Clock()
     am = RecordingServer(responder=reply(200, json_body={}), clock=clock)  # records what an Alertmanager gets
     await am.start()
@@ -182,8 +181,7 @@ async def test_a_fresh_agent_takes_active_at_from_prometheus_alerts_for_state(tm
     rule_file.write_text(SLOW_RULES)
     target = MetricsTarget(value=7)
     await target.server.start()
-    host = target.url.split("//")[1].split("/")[0]
-    scrape = [{"job_name": "e2e", "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
+    scrape = target.scrape_configs()
     try:
         async with Prometheus(tmp_path / "prom", [rule_file], scrape_configs=scrape) as prom:
             async def pending_a_while() -> dict[str, Any] | None:

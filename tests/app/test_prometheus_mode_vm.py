@@ -42,8 +42,7 @@ async def test_same_alerts_as_vmalert_and_nothing_resolves_while_victoriametrics
     rule_file.write_text(RULES)
     target = MetricsTarget()
     await target.server.start()
-    host = target.url.split("//")[1].split("/")[0]
-    scrape = [{"job_name": "e2e", "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
+    scrape = target.scrape_configs()
     async with RecordingServer(responder=reply(200, json_body={})) as notifier, \
             VictoriaMetrics(tmp_path / "vm") as vm, \
             VMAgent(tmp_path / "vmagent", scrape, vm.write_url), \

@@ -41,8 +41,7 @@ async def test_recorded_series_and_alerts_reach_prometheus_and_victoriametrics(t
     rule_file.write_text(RULES)
     target = MetricsTarget()
     await target.server.start()
-    host = target.url.split("//")[1].split("/")[0]
-    scrape = [{"job_name": "e2e", "scrape_interval": "1s", "static_configs": [{"targets": [host]}]}]
+    scrape = target.scrape_configs()
     async with Prometheus(tmp_path / "prom", [], scrape_configs=scrape, remote_write_receiver=True) as prom, \
             VictoriaMetrics(tmp_path / "vm") as vm:
         config = Config.model_validate({
