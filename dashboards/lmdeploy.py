@@ -39,8 +39,10 @@ def board() -> Board:
     b.row("Load")
     b.stat(
         "Target up", unit="bool_on_off", thresholds=[(1, "green")], base="red",
-        queries=[Q('up{job=~"$job", instance=~"$instance"}', "{{instance}}")],
-        what="Whether the last scrape of the api_server's /metrics succeeded.",
+        queries=[Q(f'up{{job=~"$job", instance=~"$instance"}} and on (job, instance) '
+                   f"last_over_time({b.sel('lmdeploy:num_requests_running')}[1h])", "{{instance}}")],
+        what="Whether the last scrape of the api_server's /metrics succeeded (targets that served LMDeploy "
+             "metrics in the last hour).",
         bad="Off for 10 minutes: the server is down, still loading, or runs with --disable-metrics.",
         runbooks=["LMDeployTargetDown"], width=24,
     )  # fmt: skip

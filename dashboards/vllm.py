@@ -235,9 +235,10 @@ def replica() -> Board:
     b.row("Health")
     b.stat(
         "Target up", unit="bool_on_off", thresholds=[(1, "green")], base="red",
-        queries=[Q('up{job=~"$job", instance=~"$instance"}', "{{instance}}")],
+        queries=[Q(f'up{{job=~"$job", instance=~"$instance"}} and on (job, instance) '
+                   f"last_over_time({b.sel('vllm:num_requests_running')}[1h])", "{{instance}}")],
         what="Whether the last scrape of the server's /metrics succeeded (vLLM opens it only once the model is "
-             "loaded).",
+             "loaded; targets that served vLLM metrics in the last hour).",
         bad="Off for 10 minutes: the engine is dead, still loading, or unreachable.",
         runbooks=["VLLMTargetDown", "VLLMAllTargetsDown"], width=8,
     )  # fmt: skip

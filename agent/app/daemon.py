@@ -307,7 +307,8 @@ class Agent:
             await self.recording.check(self.source)
             events = await self.rules.eval_group_remote(group, now_ms, self.source.instant,
                                                         alerts_only=self.recording.server_runs_them)
-            if group.spec.name not in self._remote_restored:  # a new state database: activeAt from the server
+            # a new state database: activeAt from the server, once the server has answered this group
+            if group.spec.name not in self._remote_restored and self.source.up:
                 self._remote_restored.add(group.spec.name)
                 tolerance_ms = int(self.config.rules.outage_tolerance * 1000)
                 restored = await self.rules.restore_remote(group, now_ms, self.source.instant,

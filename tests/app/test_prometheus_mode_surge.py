@@ -43,6 +43,23 @@ def _firing(agent: Agent) -> dict[tuple[tuple[str, str], ...], float]:
     return {a.labels: a.active_at_ms / 1000 for a in agent.rules.alerts() if a.state is AlertState.FIRING}
 
 
+class Rounds:
+    """The vllm group's evaluation times in each agent, sampled while the test waits: the largest gap
+    between two evaluations is the interval as it really ran (a loaded machine stretches it)."""
+
+    def __init__(self, *agents: Agent) -> None:
+        self.agents = agents
+        self.seen: list[set[int]] = [set() for _ in agents]
+
+    def sample(self) -> None:
+        for seen, agent in zip(self.seen, self.agents, strict=True):
+            seen.update(g.last_eval_ms for g in agent.rules.groups if g.last_eval_ms)
+
+    def interval_s(self) -> float:
+        gaps = [(b - a) / 1000 for seen in self.seen for a, b in zip(sorted(seen), sorted(seen)[1:], strict=False)]
+        return max(gaps, default=1.0)
+
+
 def _first_fired(agent: Agent) -> dict[tuple[tuple[str, str], ...], float]:
     """When each alert first fired (a KV-cache alert at its threshold may resolve and fire again later)."""
     out: dict[tuple[tuple[str, str], ...], float] = {}
@@ -75,7 +92,10 @@ async def test_surge_fires_the_same_alerts_in_prometheus_and_through_it(tmp_path
                     return {tuple(sorted(a["labels"].items())): parse_time(a["activeAt"])
                             for a in listed if a["state"] == "firing"}
 
+                rounds = Rounds(remote, embedded)
+
                 async def settled() -> tuple[Any, Any, Any, Any] | None:
+                    rounds.sample()
                     theirs, current, local = await prometheus_firing(), _firing(remote), _first_fired(embedded)
                     names = {dict(k)["alertname"] for k in theirs}
                     if len(names) >= 2 and set(theirs) == set(current) and set(local) >= set(theirs):
@@ -90,15 +110,17 @@ async def test_surge_fires_the_same_alerts_in_prometheus_and_through_it(tmp_path
                 await embedded.stop()
     finally:
         await fleet.stop()
+    interval = rounds.interval_s()  # 1 s, or what a loaded machine made of it
     assert set(ours) >= set(theirs)
-    for key in theirs:  # on the same data: the same evaluation, give or take the one-second interval
+    for key in theirs:  # on the same data: the same evaluation, give or take one interval
         active = remote_active[key]
-        assert abs(active - theirs[key]) <= 1.5, (dict(key)["alertname"], active, theirs[key])
+        assert abs(active - theirs[key]) <= interval + 0.5, (dict(key)["alertname"], active, theirs[key], interval)
     # The embedded agent scrapes the fleet itself, at its own moments: the same alerts with the same
     # labels, first firing at about the same time. Its samples and Prometheus' are up to a scrape apart, so
     # a quantile that creeps across its threshold (inter-token latency p99) can cross a few evaluations
-    # apart: most alerts first fire within one interval of the agent through Prometheus, none more than six.
+    # apart: most alerts first fire within two intervals (one evaluation, one scrape) of the agent through
+    # Prometheus, none more than six.
     keys = set(theirs)
     apart = sorted(abs(local[k] - ours[k]) for k in keys)
-    assert apart[len(apart) // 2] <= 1.5, apart
-    assert apart[-1] <= 6.0, {dict(k)["alertname"]: round(local[k] - ours[k], 3) for k in keys}
+    assert apart[len(apart) // 2] <= 2 * interval + 0.5, (apart, interval)
+    assert apart[-1] <= 6 * interval, ({dict(k)["alertname"]: round(local[k] - ours[k], 3) for k in keys}, interval)
