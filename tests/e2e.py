@@ -45,6 +45,7 @@ from .receivers import Recorded, RecordingServer
 
 __all__ = [
     "ALERT",
+    "CONDITION_RULES",
     "FOR_S",
     "INTERVAL_S",
     "SETTLE_S",
@@ -78,6 +79,22 @@ LOG_TAIL_LINES = 40
 def parse_time(text: str) -> float:
     """An RFC 3339 time as Alertmanager, the webhook JSON and the agent's logs write it -> Unix seconds."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+#: A rule group on :class:`MetricsTarget`'s gauge, for tests that run it on a real server and on the agent.
+CONDITION_RULES = """
+groups:
+  - name: remote
+    interval: 1s
+    rules:
+      - alert: ConditionHigh
+        expr: e2e_condition > 0
+        for: 3s
+        labels: {severity: warning}
+        annotations:
+          summary: The condition is high.
+          description: "replica {{ $labels.replica }} is at {{ $value }}"
+"""
 
 
 # -- the metrics target and the recording receiver ------------------------------------------------

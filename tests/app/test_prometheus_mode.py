@@ -20,23 +20,11 @@ from agent.app.daemon import Agent
 from agent.config import Config, bundled_rules_dir
 from agent.rules.manager import AlertState, Group
 from tests.alertmanager import eventually
-from tests.e2e import MetricsTarget, parse_time
+from tests.e2e import CONDITION_RULES, MetricsTarget, parse_time
 from tests.prometheus import Prometheus
 from tests.receivers import RecordingServer, reply
 
-RULES = """
-groups:
-  - name: remote
-    interval: 1s
-    rules:
-      - alert: ConditionHigh
-        expr: e2e_condition > 0
-        for: 3s
-        labels: {severity: warning}
-        annotations:
-          summary: The condition is high.
-          description: "replica {{ $labels.replica }} is at {{ $value }}"
-"""
+RULES = CONDITION_RULES
 
 
 class Clock:

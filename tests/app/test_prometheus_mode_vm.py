@@ -14,22 +14,11 @@ from agent.app.daemon import Agent
 from agent.config import Config
 from agent.rules.manager import AlertState
 from tests.alertmanager import eventually
-from tests.e2e import MetricsTarget, parse_time
+from tests.e2e import CONDITION_RULES, MetricsTarget, parse_time
 from tests.receivers import RecordingServer, reply
 from tests.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
 
-RULES = """
-groups:
-  - name: remote
-    interval: 1s
-    rules:
-      - alert: ConditionHigh
-        expr: e2e_condition > 0
-        for: 3s
-        labels: {severity: warning}
-        annotations:
-          summary: The condition is high.
-"""
+RULES = CONDITION_RULES
 
 
 def _ours(agent: Agent) -> list[Any]:
