@@ -69,6 +69,7 @@ _LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
 _STATE_FAILURES = "sre_agent_state_write_failures_total"  # also on /metrics (agent.act.ActCollector)
 _RULE_FAILURES = "sre_agent_rule_evaluation_failures_total"  # these two also on /metrics (agent.app.telemetry)
 _FAILING_RULES = "sre_agent_rule_group_failing_rules"
+_RW = "sre_agent_remote_write_"  # the remote-write series too (agent.act.remote_write.RemoteWriteCollector)
 
 
 #: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
@@ -283,6 +284,14 @@ class Agent:
             rows.append((labels_from(_RULE_FAILURES, group_label), float(g.failures), now_ms))
             rows.append((labels_from(_FAILING_RULES, group_label), float(sum(r.health == "err" for r in g.rules)),
                          now_ms))
+        # per remote, so SREAgentRemoteWriteBehind and SREAgentRemoteWriteLosingSamples fire from the agent's store
+        for q in self.remote_write.queues if self.remote_write is not None else []:
+            remote, st_rw = {"remote_name": q.name, "url": q.url}, q.stats
+            rows += [(labels_from(f"{_RW}pending_samples", remote), float(st_rw.pending), now_ms),
+                     (labels_from(f"{_RW}last_send_timestamp_seconds", remote), st_rw.last_send_s, now_ms),
+                     (labels_from(f"{_RW}failed_samples_total", remote), float(st_rw.failed), now_ms)]
+            rows += [(labels_from(f"{_RW}dropped_samples_total", {**remote, "reason": reason}),
+                      float(st_rw.dropped[reason]), now_ms) for reason in ("queue_full", "invalid", "state_error")]
         self._self_writer.write(rows, now_ms)
 
     async def poll_nvml(self) -> None:

@@ -140,3 +140,28 @@ async def test_embedded_mode_forwards_scraped_samples(tmp_path: Path) -> None:
         finally:
             await agent.stop()
             await target.server.stop()
+
+
+async def test_the_queues_health_is_in_the_agents_own_store_for_its_alerts(tmp_path: Path) -> None:
+    """SREAgentRemoteWriteBehind and SREAgentRemoteWriteLosingSamples are evaluated over the agent's store:
+    each scrape cycle writes every remote's pending, last-send, failed and dropped series there."""
+    from agent.store import SeriesMatcher
+    from tests.receivers import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/api/v1/write"
+    agent = Agent(Config.model_validate({
+        "targets": [], "remote_write": [{"url": url, "name": "vm"}], "nvml": {"enabled": False},
+        "server": {"listen": "127.0.0.1:0"}, "state": {"path": str(tmp_path / "state.db")},
+    }))
+    try:
+        await agent.scrape_cycle()
+        found = {}
+        for name in ("pending_samples", "last_send_timestamp_seconds", "failed_samples_total",
+                     "dropped_samples_total"):
+            series = list(agent.store.iter_series([SeriesMatcher("__name__", "=", f"sre_agent_remote_write_{name}")]))
+            found[name] = sorted(dict(s.labels).get("reason", "") for s in series)
+            assert all(dict(s.labels)["remote_name"] == "vm" and dict(s.labels)["url"] == url for s in series)
+        assert found == {"pending_samples": [""], "last_send_timestamp_seconds": [""], "failed_samples_total": [""],
+                         "dropped_samples_total": ["invalid", "queue_full", "state_error"]}
+    finally:
+        await agent.stop()
