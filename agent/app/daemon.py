@@ -50,7 +50,7 @@ from agent.collect.discovery import FileSD, all_targets, expand_globs, static_ta
 from agent.collect.nvml import NvmlSource
 from agent.collect.scrape import Scraper
 from agent.config import Config
-from agent.errors import ConfigError, PromQLError
+from agent.errors import ConfigError, PromQLError, StateError
 from agent.promql import Engine
 from agent.promql.history import RemoteHistory
 from agent.promql.remote import RemoteSource
@@ -65,6 +65,7 @@ __all__ = ["Agent", "keep_list", "rule_paths"]
 log = structlog.get_logger(__name__)
 
 _GC_INTERVAL_S = 60.0
+_PRUNE_INTERVAL_S = 3600.0
 _LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
 _STATE_FAILURES = "sre_agent_state_write_failures_total"  # also on /metrics (agent.act.ActCollector)
 _RULE_FAILURES = "sre_agent_rule_evaluation_failures_total"  # these two also on /metrics (agent.app.telemetry)
@@ -133,6 +134,7 @@ class Agent:
         self.source = RemoteSource(config.source) if config.source.remote else None
         self._local_groups = frozenset(config.source.local_groups)
         self._remote_restored: set[str] = set()
+        self._pruned_ms = 0  # the first retention job prunes the state database
         writes_back = any("recording" in r.write for r in config.remote_write)
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
@@ -366,6 +368,13 @@ class Agent:
 
     async def _gc_job(self) -> None:
         self.gc()
+        now_ms = int(self._clock() * 1000)
+        if now_ms - self._pruned_ms >= _PRUNE_INTERVAL_S * 1000:  # the state database's history, hourly
+            self._pruned_ms = now_ms
+            try:
+                await self.act.db.run(self.act.db.prune, now_ms=now_ms, keep_ms=int(self.config.state.keep * 1000))
+            except StateError as exc:
+                log.warning("state database not pruned; trying again in an hour", error=str(exc))
 
     async def _dispatch_job(self) -> None:
         try:

@@ -155,7 +155,18 @@ class RulesConfig(ConfigModel):
 
 
 class StateConfig(ConfigModel):
+    """The SQLite state database. ``keep``: how long resolved incidents, given-up notifications,
+    expired silences and resolved Alertmanager-intake alerts stay (pruned hourly; pending work never is)."""
+
     path: str = "sre-agent.db"
+    keep: Duration = 30 * 86400.0
+
+    @field_validator("keep")
+    @classmethod
+    def _at_least_a_day(cls, v: float) -> float:
+        if v < 86400:
+            raise ValueError("keep must be at least 1d (delivered notification keys are kept a day regardless)")
+        return v
 
 
 class StoreConfig(ConfigModel):

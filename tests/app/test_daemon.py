@@ -438,3 +438,34 @@ async def test_file_sd_bomb_is_reported_and_the_daemon_keeps_scraping(fleet: Fle
         assert [t["job"] for t in agent.targets_json()] == ["discovered"]
     finally:
         await agent.stop()
+
+
+async def test_the_retention_job_prunes_the_state_database_hourly(tmp_path: Path) -> None:
+    """Expired silences (like resolved incidents and given-up notifications) older than state.keep go
+    at the first retention job and then once an hour; recent ones stay."""
+    now = [1_800_000_000.0]
+    agent = Agent(Config.model_validate({"targets": [], "nvml": {"enabled": False},
+                                         "server": {"listen": "127.0.0.1:0"},
+                                         "state": {"path": str(tmp_path / "state.db"), "keep": "7d"}}),
+                  clock=lambda: now[0])
+    db = agent.act.db
+    minute_ms, day_ms, t0_ms = 60_000, 86_400_000, int(now[0] * 1000)
+    try:
+        await db.run(db.silences.add, ['a="old"'], starts_ms=0, ends_ms=t0_ms - 8 * day_ms, created_by="t",
+                     comment="")
+        await db.run(db.silences.add, ['a="edge"'], starts_ms=0, ends_ms=t0_ms - 7 * day_ms + 10 * minute_ms,
+                     created_by="t", comment="")
+
+        async def kept() -> list[list[str]]:
+            return [s.matchers for s in await db.run(db.silences.list, now_ms=t0_ms, include_expired=True)]
+
+        await agent._gc_job()  # the first: prunes what is older than 7 days
+        assert await kept() == [['a="edge"']]
+        now[0] += 30 * 60  # "edge" is now older than 7 days, but the last prune was 30 minutes ago
+        await agent._gc_job()
+        assert await kept() == [['a="edge"']]
+        now[0] += 31 * 60  # an hour since the last prune
+        await agent._gc_job()
+        assert await kept() == []
+    finally:
+        await agent.stop()
