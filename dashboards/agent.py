@@ -149,17 +149,22 @@ def board() -> Board:
             "keeps everything (a selector without a metric name).",
         runbooks=["SREAgentScrapeSlow", "SREAgentStoreSeriesLimitReached"],
     )  # fmt: skip
+
+    def by_group(metric: str) -> str:
+        """Per rule group, labelled by its name (rule_group is "<file path>;<name>", as Prometheus writes it)."""
+        return f'label_replace(max by (rule_group) ({b.sel(metric)}), "group", "$1", "rule_group", ".*;(.*)")'
+
     b.row("Rules, store and state")
     b.timeseries(
         "Rule evaluation time", unit="s",
-        queries=[Q(f"max by (rule_group) ({b.sel('sre_agent_rule_group_last_duration_seconds')})", "{{rule_group}}")],
+        queries=[Q(by_group("sre_agent_rule_group_last_duration_seconds"), "{{group}}")],
         what="Wall time of each rule group's last evaluation.",
         bad="Close to the group's interval (15 s): evaluations fall behind and alerts come late.",
         runbooks=["Watchdog"],
     )  # fmt: skip
     b.timeseries(
         "Failing rules", unit="short",
-        queries=[Q(f"max by (rule_group) ({b.sel('sre_agent_rule_group_failing_rules')})", "{{rule_group}}")],
+        queries=[Q(by_group("sre_agent_rule_group_failing_rules"), "{{group}}")],
         what="Rules whose last evaluation failed, per group.",
         bad="Any: those alerts cannot fire; the agent's log names the rule and the error.",
         runbooks=["Watchdog"],
@@ -190,8 +195,10 @@ def board() -> Board:
     )  # fmt: skip
     b.stat(
         "Agent up", unit="bool_on_off", thresholds=[(1, "green")], base="red", width=12,
-        queries=[Q(b.sel("up"), "{{instance}}")],
-        what="Whether Prometheus' last scrape of the agent's /metrics succeeded.",
+        queries=[Q(f'{b.sel("up")} and on (job, instance) last_over_time({b.sel("sre_agent_build_info")}[1h])',
+                   "{{instance}}")],
+        what="Whether Prometheus' last scrape of the agent's /metrics succeeded (targets that served the agent's "
+             "metrics in the last hour).",
         bad="Off: the agent is down; nothing evaluates the rules it owns.",
         runbooks=["SREAgentTargetDown", "Watchdog"],
     )  # fmt: skip

@@ -33,7 +33,8 @@ ALL_VALUES: Mapping[str, str] = {
     "__interval_ms": "15000",
 }
 
-_VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
+# $1, $2 ... are label_replace's capture references, not variables (Grafana leaves names it does not know)
+_VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$([A-Za-z_]\w*)")
 
 
 def substitute(expr: str, values: Mapping[str, str] = ALL_VALUES) -> str:
