@@ -51,9 +51,9 @@ def test_index_and_files_agree() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_excerpt_names_its_source(case: Case) -> None:
-    """Each excerpt opens with a source line naming a GitHub issue or pull request."""
+    """Each excerpt opens with a source line naming a GitHub issue, pull request or file at a commit."""
     first = (PLANNER_FIXTURES / case.log).read_text(encoding="utf-8").splitlines()[0]
-    assert re.match(r"# source: https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", first), first
+    assert re.match(r"# source: https://github\.com/[\w.-]+/[\w.-]+/((issues|pull)/\d+|blob/[0-9a-f]{40}/)", first), first
     if case.log.startswith("calibration/"):
         assert {"source", "vllm", "gpu", "model", "flags"} <= set(case.figures().header) <= set(HEADER_KEYS)
 
