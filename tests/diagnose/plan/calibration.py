@@ -137,6 +137,7 @@ class Case:
     id: str
     log: str
     model: str
+    kind: str  # "log": start-up lines; "table": figures someone read from the logs and tabulated
     families: tuple[str, ...]
     config: str | None
     gpu: str
@@ -150,7 +151,8 @@ class Case:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Case:
-        return cls(id=data["id"], log=data["log"], model=data["model"], families=tuple(data["families"]),
+        return cls(id=data["id"], log=data["log"], model=data["model"], kind=data.get("kind", "log"),
+                   families=tuple(data["families"]),
                    config=data.get("config"), gpu=data["gpu"], gpu_memory_gib=data.get("gpu_memory_gib"),
                    engine=data["engine"], vllm_version=data.get("vllm_version"), flags=dict(data.get("flags", {})),
                    logged=dict(data.get("logged", {})), skip=data.get("skip"), xfail=data.get("xfail"))
