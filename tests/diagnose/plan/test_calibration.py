@@ -53,7 +53,8 @@ def test_index_and_files_agree() -> None:
 def test_excerpt_names_its_source(case: Case) -> None:
     """Each excerpt opens with a source line naming a GitHub issue, pull request or file at a commit."""
     first = (PLANNER_FIXTURES / case.log).read_text(encoding="utf-8").splitlines()[0]
-    assert re.match(r"# source: https://github\.com/[\w.-]+/[\w.-]+/((issues|pull)/\d+|blob/[0-9a-f]{40}/)", first), first
+    source = r"# source: https://github\.com/[\w.-]+/[\w.-]+/((issues|pull)/\d+|blob/[0-9a-f]{40}/)"
+    assert re.match(source, first), first
     if case.log.startswith("calibration/"):
         assert {"source", "vllm", "gpu", "model", "flags"} <= set(case.figures().header) <= set(HEADER_KEYS)
 
@@ -96,7 +97,7 @@ def test_agrees_with_the_oom_evidence_parser(case: Case) -> None:
     if engine.total_gpu_memory_bytes is not None and figures.total_gpu_gib is not None:
         assert engine.total_gpu_memory_bytes == pytest.approx(figures.total_gpu_gib * GiB, rel=1e-6)
     kv_lines = [ln for ln in text.splitlines() if "KV cache memory:" in ln or "KV Cache is" in ln]
-    if engine.kv_cache_bytes is not None and len(kv_lines) == 1 and (figures.kv_gib or 0) > 0:
+    if engine.kv_cache_bytes is not None and len(kv_lines) == 1 and figures.kv_gib is not None and figures.kv_gib > 0:
         assert engine.kv_cache_bytes == pytest.approx(figures.kv_gib * GiB, rel=1e-6)
 
 
