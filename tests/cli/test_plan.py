@@ -149,7 +149,7 @@ def test_moe_hybrid_config_file(capsys: pytest.CaptureFixture[str]) -> None:
                        "--max-model-len", "32768", "--max-num-seqs", "16")
     assert code == 0
     assert data["quantization"] == "mxfp4"
-    assert 12.5 < data["weights_gib_per_gpu"] < 13.2
+    assert 13.3 < data["weights_gib_per_gpu"] < 13.6  # vLLM 0.11 logs 13.47 GiB on an H100 (calibration/)
     notes = " ".join(data["notes"])
     assert "2 groups of 12 layers" in notes and "all 32 experts" in notes
 

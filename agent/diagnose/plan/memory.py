@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 
 from agent.diagnose.plan.kvcache import KVLayout, hybrid_groups, mla_block_size
 from agent.diagnose.plan.models import ModelSpec
-from agent.diagnose.plan.quant import METHODS, bytes_per_weight, default_scheme
+from agent.diagnose.plan.quant import METHODS, QuantScheme, bytes_per_weight, default_scheme
 from agent.errors import DiagnosisError
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "PlanInput",
     "activation_bytes",
     "batched_tokens",
+    "expert_padding_bytes",
     "is_valid",
     "kv_layout",
     "max_model_len_for",
@@ -83,6 +84,7 @@ ENGINES = ("vllm", "lmdeploy")
 QUANTIZATIONS = METHODS
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 FUSED_MOE_CHUNK = 32768  # vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default
+MXFP4_PAD = 256  # vLLM pads mxfp4 experts' width per TP rank to this (round_up in Mxfp4MoEMethod)
 # KV element width in bits. "auto" follows the model dtype; int4 is LMDeploy's --quant-policy 4.
 KV_CACHE_DTYPES = {"auto": 16, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}
 _DTYPES = ("auto", "float16", "bfloat16", "float32", "half")
@@ -152,13 +154,32 @@ def weight_bytes(model: ModelSpec, quantization: str = "none", dtype: str = "aut
     pad = (-model.vocab_size % VOCAB_PADDING) * model.hidden_size * (1 if model.tie_word_embeddings else 2)
     if quantization == "none":
         return int((model.num_params + pad) * half)
-    scheme = model.quant if model.quant is not None and model.quant.method == quantization else None
-    scheme = scheme or default_scheme(quantization)
+    scheme = _scheme(model, quantization)
     if scheme.experts_only:
         quantized = model.expert_params
     else:
         quantized = max(0.0, model.num_params - model.embedding_params - model.router_params - model.vision_params)
     return int((model.num_params - quantized + pad) * 2 + quantized * bytes_per_weight(scheme))
+
+
+def expert_padding_bytes(inp: PlanInput) -> int:
+    """Per GPU, what mxfp4's MoE kernels add by padding each expert's width per TP rank to a
+    multiple of :data:`MXFP4_PAD` (vLLM's ``Mxfp4MoEMethod.create_weights`` on Hopper and
+    Blackwell: gpt-oss's 2880 becomes 3072, 6.7 % more expert weight)."""
+    m = inp.model
+    scheme = _scheme(m, inp.quantization)
+    if not (scheme.experts_only and m.is_moe and m.moe_intermediate_size):
+        return 0
+    width = m.moe_intermediate_size / inp.tensor_parallel_size
+    padded = math.ceil(width / MXFP4_PAD) * MXFP4_PAD
+    share = m.expert_params / (inp.tensor_parallel_size * inp.pipeline_parallel_size)
+    return int(share * (padded / width - 1) * bytes_per_weight(scheme))
+
+
+def _scheme(model: ModelSpec, quantization: str) -> QuantScheme:
+    if model.quant is not None and model.quant.method == quantization:
+        return model.quant
+    return default_scheme(quantization)
 
 
 def activation_bytes(inp: PlanInput) -> int:
@@ -234,7 +255,7 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
         kv_tok = 2 * m.num_layers * m.num_key_value_heads * head_bytes
     kv_guide = 2 * m.num_layers * m.hidden_size * bits // 8
     kv_guide_gpu = 2 * layers_gpu * (m.hidden_size // tp) * bits // 8
-    weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp))
+    weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp)) + expert_padding_bytes(inp)
     framework = FRAMEWORK_BYTES + (MULTI_GPU_EXTRA_BYTES if tp * pp > 1 else 0)
     if inp.engine == "lmdeploy":
         overhead = inp.overhead_bytes if inp.overhead_bytes is not None else framework

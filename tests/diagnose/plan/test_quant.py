@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.diagnose.plan.memory import weight_bytes
-from agent.diagnose.plan.models import PRESETS, ModelSpec, load_model_config
+from agent.diagnose.plan.memory import PlanInput, expert_padding_bytes, memory_numbers, weight_bytes
+from agent.diagnose.plan.models import PRESETS, ModelSpec, gpu_memory_bytes, load_model_config
 from agent.diagnose.plan.quant import QuantScheme, bytes_per_weight, default_scheme, scheme_from_config
 from tests.conftest import FIXTURES
 
@@ -83,3 +83,17 @@ def test_vocabulary_padded_to_64() -> None:
     """A vocabulary that is not a multiple of 64 is padded, as VocabParallelEmbedding does."""
     spec = replace(PRESETS["Llama-2-7B"], vocab_size=32001)
     assert weight_bytes(spec) == int((spec.num_params + 63 * 4096 * 2) * 2)
+
+
+def test_mxfp4_experts_padded_to_256_per_tp_rank() -> None:
+    """gpt-oss-120b: vLLM pads each expert's 2880 width (720 per rank at TP=4) to 3072 (768): +6.7 % expert bytes;
+    on one H100 that is the 64.38 GiB vLLM 0.11 logs as "Model loading took" (tests/fixtures/planner/calibration/)."""
+    spec = load_model_config(PLANNER / "gpt-oss-120b.config.json")
+    per_weight = 0.5 + 1 / 32
+    one = PlanInput(spec, gpu_memory_bytes("H100"), quantization="mxfp4")
+    assert expert_padding_bytes(one) == int(spec.expert_params * (3072 / 2880 - 1) * per_weight)
+    four = PlanInput(spec, gpu_memory_bytes("H100"), quantization="mxfp4", tensor_parallel_size=4)
+    assert expert_padding_bytes(four) == int(spec.expert_params / 4 * (768 / 720 - 1) * per_weight)
+    weights = memory_numbers(one).weights / 2**30
+    assert abs(weights - 64.38) / 64.38 < 0.01
+    assert expert_padding_bytes(PlanInput(PRESETS["Llama-3-8B"], gpu_memory_bytes("H100"), quantization="awq")) == 0
