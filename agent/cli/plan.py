@@ -155,15 +155,18 @@ def render_table(p: Plan) -> str:
     else:
         knobs = (f"max_model_len={inp.effective_max_model_len:,}  max_num_seqs={inp.max_num_seqs}  "
                  f"gpu_memory_utilization={inp.gpu_memory_utilization:.2f}")
-    why = (f"it counts {m.num_attention_heads} query heads where {m.num_key_value_heads} KV heads are stored "
+    kv_formula = (f"{m.num_layers} layers × ({m.kv_lora_rank} kv_lora_rank + {m.qk_rope_head_dim} qk_rope_head_dim) "
+                  f"× {kv_bytes:g} B (MLA latent, not split by TP)" if m.is_mla and inp.engine == "vllm" else
+                  f"2 × {m.num_layers} layers × {m.num_key_value_heads} KV heads × {per_head}")
+    why = ("MLA stores one compressed latent per token and layer instead of K and V per head" if m.is_mla else
+           f"it counts {m.num_attention_heads} query heads where {m.num_key_value_heads} KV heads are stored "
            "(grouped-query attention)" if m.is_gqa else "the same: this model has one KV head per query head")
     rows = [
         ("inputs", f"TP={inp.tensor_parallel_size} PP={inp.pipeline_parallel_size}  {knobs}  "
                    f"quantization={inp.quantization}  kv_cache_dtype={inp.kv_cache_dtype}"),
         ("weights", f"{p.weights_bytes_per_gpu / GiB:.2f} GiB per GPU ({m.num_params / 1e9:.2f} B params / "
                     f"{world} GPU{'s' if world > 1 else ''}; an approximation)"),
-        ("KV per token", f"{p.kv_bytes_per_token:,} B = 2 × {m.num_layers} layers × {m.num_key_value_heads} KV heads "
-                         f"× {per_head}; {p.kv_bytes_per_token_per_gpu:,} B per GPU"),
+        ("KV per token", f"{p.kv_bytes_per_token:,} B = {kv_formula}; {p.kv_bytes_per_token_per_gpu:,} B per GPU"),
         ("guide formula", f"{p.kv_bytes_per_token_guide:,} B = 2 × {m.num_layers} layers × {m.hidden_size} hidden × "
                           f"{kv_bytes:g} B: {ratio:.1f}× ours, {why}"),
         ("overhead", f"{p.overhead_bytes / GiB:.2f} GiB per GPU (CUDA context, framework"

@@ -141,3 +141,23 @@ def test_non_numeric_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         main(["plan", "--model", "llama-3-8b", "--gpu", "H100", "--max-num-seqs", "many"])
     assert exc.value.code == 2
     capsys.readouterr()
+
+
+def test_moe_hybrid_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-20b's config: mxfp4 taken from quantization_config, the hybrid groups and MoE explained in notes."""
+    code, data = _json(capsys, "--model-config", str(PLANNER / "gpt-oss-20b.config.json"), "--gpu", "H100",
+                       "--max-model-len", "32768", "--max-num-seqs", "16")
+    assert code == 0
+    assert data["quantization"] == "mxfp4"
+    assert 13.3 < data["weights_gib_per_gpu"] < 13.6  # vLLM 0.11 logs 13.47 GiB on an H100 (calibration/)
+    notes = " ".join(data["notes"])
+    assert "2 groups of 12 layers" in notes and "all 32 experts" in notes
+
+
+def test_mla_table_shows_the_latent(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V3 at TP=8: the KV line shows kv_lora_rank + qk_rope_head_dim, the same bytes on every GPU."""
+    main(["plan", "--model-config", str(PLANNER / "deepseek-v3.config.json"), "--gpu", "H200", "-tp", "8",
+          "--max-model-len", "32768"])
+    out = capsys.readouterr().out
+    assert "70,272 B = 61 layers × (512 kv_lora_rank + 64 qk_rope_head_dim) × 2 B (MLA latent, not split by TP); " \
+           "70,272 B per GPU" in out

@@ -4,30 +4,39 @@ Given a model shape (:class:`~agent.diagnose.plan.models.ModelSpec`), a GPU size
 flags vLLM or LMDeploy is started with (:class:`PlanInput`), :func:`memory_numbers` works
 out, per GPU:
 
-* **weights** = parameters × bytes per parameter, divided by TP × PP. 16-bit: 2 B;
-  ``int8``/``fp8``: 1 B; ``awq``/``gptq`` 4-bit: 0.5 B plus, per group of 128 weights, an
-  fp16 scale (2 B) and a 4-bit zero point packed eight to an int32 (0.5 B), i.e.
-  ``0.5 + 2.5/128 = 0.51953125`` B (GPTQ's per-input-row ``g_idx`` adds under 0.1 % and is
-  left out). Embeddings and ``lm_head`` stay 16-bit in AWQ/GPTQ/FP8 checkpoints. The split
-  over TP × PP is an approximation: vLLM shards the vocabulary over TP, and with PP the
-  first stage holds the embedding and the last ``lm_head``.
+* **weights** = what vLLM logs as "Model loading took": every parameter (all MoE experts,
+  the vision tower) at 2 B, except the quantized ones at the checkpoint's bytes per weight
+  (:mod:`agent.diagnose.plan.quant`: AWQ/GPTQ 4-bit with group scales
+  ``0.5 + 2.5/128 = 0.51953125`` B, fp8/int8 1 B, mxfp4 experts 0.53125 B, …). Embeddings,
+  ``lm_head``, MoE routers and vision towers stay 16-bit; the vocabulary is padded to a
+  multiple of 64. The split over TP × PP is an approximation: vLLM shards the vocabulary
+  over TP, and with PP the first stage holds the embedding and the last ``lm_head``.
 * **KV bytes per token** = 2 (K and V) × layers × ``num_key_value_heads`` × ``head_dim`` ×
   KV dtype bytes. The guides' ``2 × layers × hidden_size × bytes`` assumes one KV head per
   query head; for grouped-query attention (Llama-3-70B: 8 KV heads, 64 query heads) it is
   8× too large. Both are reported. Per GPU, KV heads are split over TP (at least one per
   GPU: vLLM replicates a KV head when TP exceeds the KV head count) and layers over PP.
-  LMDeploy's int8/int4 KV (``--quant-policy 8``/``4``) also stores an fp16 scale and zero
-  point per token and head (4 B), so it is slightly more than half/quarter.
-* **memory for KV**: vLLM gives the KV cache ``total × gpu_memory_utilization − weights −
-  activation peak − non-torch memory``. We estimate the last two as ``overhead``: a flat
-  1 GiB for the CUDA context, cuBLAS/NCCL workspaces (+1.5 GiB when TP × PP > 1 for NCCL and
-  custom all-reduce buffers; vLLM logs 0.35–1.79 GiB non-torch memory on one GPU and
-  3.58 GiB at TP=2) plus an activation peak of ``max_num_batched_tokens × hidden × 2 B × 12``
-  and the sampler's fp32 logits ``max_num_seqs × vocab × 4 B × 2`` (calibrated on vLLM's
-  profile of Llama-3-8B: 1.26 GiB at 8,192 tokens). LMDeploy instead gives
-  ``--cache-max-entry-count`` of the memory *free after the weights load* to KV.
-* **capacity** in blocks (vLLM 16 tokens, LMDeploy 64): the concurrent full-length
-  sequences are ``blocks // ceil(max_model_len / block)``.
+  MLA models store ``kv_lora_rank + qk_rope_head_dim`` per token and layer, unsplit by TP;
+  sliding-window layers get what vLLM V1's hybrid KV-cache manager gives them
+  (:mod:`agent.diagnose.plan.kvcache`). LMDeploy's int8/int4 KV (``--quant-policy 8``/``4``)
+  also stores an fp16 scale and zero point per token and head (4 B).
+* **memory for KV** (vLLM V1, v0.8–v0.11, ``Worker.determine_available_memory``): vLLM's
+  "Available KV cache memory" is ``total × gpu_memory_utilization − (weights + the torch
+  activation peak of the profile run + the non-torch memory increase)``, which is our
+  ``kv_bytes_available`` (``total`` here is NVML's, a little above CUDA's). We estimate the
+  last two as ``overhead``: a flat 1 GiB of non-torch memory for the CUDA context and
+  cuBLAS/NCCL workspaces (+1.5 GiB when TP × PP > 1 for NCCL and custom all-reduce
+  buffers; vLLM logs 0.35–1.79 GiB on one GPU and 3.58 GiB at TP=2) plus an activation
+  peak of ``max_num_batched_tokens × hidden × 2 B × 12`` and the sampler's fp32 logits
+  ``max_num_seqs × vocab × 4 B × 2`` (calibrated on vLLM's profile of Llama-3-8B: 1.26 GiB
+  at 8,192 tokens), plus for MoE the fused-MoE intermediate caches. CUDA graphs are
+  captured *after* the KV cache is allocated in these versions, so their memory (typically
+  0.1–1 GiB) comes out of the ``1 − gpu_memory_utilization`` margin, not the KV cache.
+  LMDeploy instead gives ``--cache-max-entry-count`` of the memory *free after the weights
+  load* to KV.
+* **capacity** in blocks (vLLM 16 tokens, 64 for MLA on Hopper; LMDeploy 64): the tokens
+  are vLLM's "GPU KV cache size", the concurrent full-length sequences ``blocks //`` the
+  blocks one sequence holds (its "Maximum concurrency", rounded down).
 
 :func:`max_model_len_for` and :func:`utilization_for` search these numbers for the setting
 that fits a given number of sequences. What to recommend from them is
@@ -39,7 +48,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from agent.diagnose.plan.kvcache import KVLayout, hybrid_groups, mla_block_size
 from agent.diagnose.plan.models import ModelSpec
+from agent.diagnose.plan.quant import METHODS, QuantScheme, bytes_per_weight, default_scheme
 from agent.errors import DiagnosisError
 
 __all__ = [
@@ -57,7 +68,10 @@ __all__ = [
     "MemoryNumbers",
     "PlanInput",
     "activation_bytes",
+    "batched_tokens",
+    "expert_padding_bytes",
     "is_valid",
+    "kv_layout",
     "max_model_len_for",
     "memory_numbers",
     "utilization_for",
@@ -67,7 +81,10 @@ __all__ = [
 
 GiB = 2**30
 ENGINES = ("vllm", "lmdeploy")
-QUANTIZATIONS = ("none", "awq", "gptq", "fp8", "int8")
+QUANTIZATIONS = METHODS
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
+FUSED_MOE_CHUNK = 32768  # vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default
+MXFP4_PAD = 256  # vLLM pads mxfp4 experts' width per TP rank to this (round_up in Mxfp4MoEMethod)
 # KV element width in bits. "auto" follows the model dtype; int4 is LMDeploy's --quant-policy 4.
 KV_CACHE_DTYPES = {"auto": 16, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}
 _DTYPES = ("auto", "float16", "bfloat16", "float32", "half")
@@ -103,6 +120,7 @@ class PlanInput:
     max_num_batched_tokens: int | None = None
     gpu: str = ""
     overhead_bytes: int | None = None
+    disable_hybrid_kv_cache_manager: bool = False
 
     @property
     def effective_max_model_len(self) -> int:
@@ -121,26 +139,67 @@ class MemoryNumbers:
     overhead: int
     kv_avail: int
     blocks: int
+    tokens: int
     seqs: int
     seqs_guide: int
     weights_fit: bool
 
 
 def weight_bytes(model: ModelSpec, quantization: str = "none", dtype: str = "auto") -> int:
-    """All of the model's weights in bytes (before splitting over GPUs)."""
+    """All of the model's weights in bytes (before splitting over GPUs): 16-bit for
+    embeddings, ``lm_head``, routers and the vision tower, the quantized format
+    (:mod:`agent.diagnose.plan.quant`) for the rest, with the vocabulary padded to 64 as
+    vLLM's ``VocabParallelEmbedding`` does."""
     half = 4 if dtype == "float32" else 2  # auto: a float32 checkpoint is served in 16-bit, as vLLM does
+    pad = (-model.vocab_size % VOCAB_PADDING) * model.hidden_size * (1 if model.tie_word_embeddings else 2)
     if quantization == "none":
-        return int(model.num_params * half)
-    linear = max(0.0, model.num_params - model.embedding_params)
-    per_param = BYTES_4BIT if quantization in ("awq", "gptq") else 1.0
-    return int(model.embedding_params * 2 + linear * per_param)
+        return int((model.num_params + pad) * half)
+    scheme = _scheme(model, quantization)
+    if scheme.experts_only:
+        quantized = model.expert_params
+    else:
+        quantized = max(0.0, model.num_params - model.embedding_params - model.router_params - model.vision_params)
+    return int((model.num_params - quantized + pad) * 2 + quantized * bytes_per_weight(scheme))
+
+
+def expert_padding_bytes(inp: PlanInput) -> int:
+    """Per GPU, what mxfp4's MoE kernels add by padding each expert's width per TP rank to a
+    multiple of :data:`MXFP4_PAD` (vLLM's ``Mxfp4MoEMethod.create_weights`` on Hopper and
+    Blackwell: gpt-oss's 2880 becomes 3072, 6.7 % more expert weight)."""
+    m = inp.model
+    scheme = _scheme(m, inp.quantization)
+    if not (scheme.experts_only and m.is_moe and m.moe_intermediate_size):
+        return 0
+    width = m.moe_intermediate_size / inp.tensor_parallel_size
+    padded = math.ceil(width / MXFP4_PAD) * MXFP4_PAD
+    share = m.expert_params / (inp.tensor_parallel_size * inp.pipeline_parallel_size)
+    return int(share * (padded / width - 1) * bytes_per_weight(scheme))
+
+
+def _scheme(model: ModelSpec, quantization: str) -> QuantScheme:
+    if model.quant is not None and model.quant.method == quantization:
+        return model.quant
+    return default_scheme(quantization)
 
 
 def activation_bytes(inp: PlanInput) -> int:
-    """Estimated peak activation memory per GPU during vLLM's profile run."""
-    tokens = inp.max_num_batched_tokens or _default_batched_tokens(inp)
+    """Estimated peak activation memory per GPU during vLLM's profile run: the dense part
+    (calibrated, see the module docstring) plus, for MoE, the fused-MoE kernel's three
+    intermediate caches (``tokens × top-k × (2N + N + hidden)`` 16-bit values, N the expert
+    width per TP rank, tokens in chunks of at most 32,768)."""
+    tokens = batched_tokens(inp)
     m = inp.model
-    return tokens * m.hidden_size * 2 * ACTIVATION_FACTOR + inp.max_num_seqs * m.vocab_size * 4 * 2
+    dense = tokens * m.hidden_size * 2 * ACTIVATION_FACTOR + inp.max_num_seqs * m.vocab_size * 4 * 2
+    if not m.is_moe:
+        return dense
+    width = m.moe_intermediate_size // inp.tensor_parallel_size
+    chunk = min(tokens, FUSED_MOE_CHUNK)
+    return dense + chunk * max(1, m.experts_per_token) * (3 * width + m.hidden_size) * 2
+
+
+def batched_tokens(inp: PlanInput) -> int:
+    """``--max-num-batched-tokens``, or the engine's default for this GPU."""
+    return inp.max_num_batched_tokens or _default_batched_tokens(inp)
 
 
 def _default_batched_tokens(inp: PlanInput) -> int:
@@ -185,19 +244,18 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
     """The per-GPU numbers of ``inp`` (see the module docstring); ``inp`` must be valid."""
     m = inp.model
     tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
-    bits = KV_CACHE_DTYPES[inp.kv_cache_dtype]
-    if bits == 16 and inp.dtype == "float32":
-        bits = 32
-    head_bytes = m.head_dim * bits // 8
-    if inp.engine == "lmdeploy" and bits < 16:
-        head_bytes += LMDEPLOY_SCALE_BYTES
+    bits = _kv_bits(inp)
     layers_gpu = math.ceil(m.num_layers / pp)
-    kv_heads_gpu = max(1, m.num_key_value_heads // tp)
-    kv_tok = 2 * m.num_layers * m.num_key_value_heads * head_bytes
-    kv_tok_gpu = 2 * layers_gpu * kv_heads_gpu * head_bytes
+    layout = kv_layout(inp)
+    kv_tok_gpu = layout.token_bytes
+    if m.is_mla:
+        kv_tok = m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * bits // 8
+    else:
+        head_bytes = _head_bytes(inp, bits)
+        kv_tok = 2 * m.num_layers * m.num_key_value_heads * head_bytes
     kv_guide = 2 * m.num_layers * m.hidden_size * bits // 8
     kv_guide_gpu = 2 * layers_gpu * (m.hidden_size // tp) * bits // 8
-    weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp))
+    weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp)) + expert_padding_bytes(inp)
     framework = FRAMEWORK_BYTES + (MULTI_GPU_EXTRA_BYTES if tp * pp > 1 else 0)
     if inp.engine == "lmdeploy":
         overhead = inp.overhead_bytes if inp.overhead_bytes is not None else framework
@@ -209,12 +267,47 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
         kv_avail = int(inp.gpu_memory_bytes * inp.gpu_memory_utilization) - weights - overhead
         weights_fit = kv_avail > 0
     kv_avail = max(0, kv_avail)
-    per_seq = math.ceil(inp.effective_max_model_len / inp.block_size)
-    blocks = kv_avail // (kv_tok_gpu * inp.block_size)
+    length = inp.effective_max_model_len
+    blocks = layout.num_blocks(kv_avail)
+    per_seq = layout.blocks_per_seq(length, batched_tokens(inp))
+    per_seq_guide = math.ceil(length / inp.block_size)
     blocks_guide = kv_avail // (kv_guide_gpu * inp.block_size)
     return MemoryNumbers(weights=weights, kv_tok=kv_tok, kv_tok_gpu=kv_tok_gpu, kv_guide=kv_guide,
                          kv_guide_gpu=kv_guide_gpu, overhead=overhead, kv_avail=kv_avail, blocks=blocks,
-                         seqs=blocks // per_seq, seqs_guide=blocks_guide // per_seq, weights_fit=weights_fit)
+                         tokens=layout.tokens(blocks), seqs=blocks // per_seq, seqs_guide=blocks_guide // per_seq_guide,
+                         weights_fit=weights_fit)
+
+
+def _kv_bits(inp: PlanInput) -> int:
+    bits = KV_CACHE_DTYPES[inp.kv_cache_dtype]
+    return 32 if bits == 16 and inp.dtype == "float32" else bits
+
+
+def _head_bytes(inp: PlanInput, bits: int) -> int:
+    head_bytes = inp.model.head_dim * bits // 8
+    if inp.engine == "lmdeploy" and bits < 16:
+        head_bytes += LMDEPLOY_SCALE_BYTES
+    return head_bytes
+
+
+def kv_layout(inp: PlanInput) -> KVLayout:
+    """The KV-cache groups and page size of one GPU (:mod:`agent.diagnose.plan.kvcache`)."""
+    m = inp.model
+    tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
+    bits = _kv_bits(inp)
+    layers_gpu = math.ceil(m.num_layers / pp)
+    if m.is_mla and inp.engine == "vllm":
+        return KVLayout(block_size=mla_block_size(inp.block_size, inp.gpu),
+                        layer_token_bytes=(m.kv_lora_rank + m.qk_rope_head_dim) * bits // 8,
+                        group_size=layers_gpu, windows=(0,))
+    layer_bytes = 2 * max(1, m.num_key_value_heads // tp) * _head_bytes(inp, bits)
+    sliding = m.num_sliding_layers if m.sliding_window and inp.engine == "vllm" else 0
+    if not sliding or inp.disable_hybrid_kv_cache_manager:
+        return KVLayout(inp.block_size, layer_bytes, layers_gpu, (0,))
+    if sliding >= m.num_layers:
+        return KVLayout(inp.block_size, layer_bytes, layers_gpu, (m.sliding_window,))
+    size, windows = hybrid_groups(m.num_layers - sliding, sliding, m.sliding_window, pp)
+    return KVLayout(inp.block_size, layer_bytes, size, windows)
 
 
 def max_model_len_for(inp: PlanInput, seqs: int) -> int:
@@ -225,8 +318,17 @@ def max_model_len_for(inp: PlanInput, seqs: int) -> int:
     n = memory_numbers(inp)
     if seqs < 1 or not n.weights_fit:
         return 0
-    cap = inp.model.max_position_embeddings // inp.block_size * inp.block_size
-    return min((n.blocks // seqs) * inp.block_size, cap)
+    layout = kv_layout(inp)
+    step = layout.block_size
+    batched = batched_tokens(inp)
+    low, high = 0, inp.model.max_position_embeddings // step  # in blocks of ``step`` tokens
+    while low < high:  # the largest length whose sequences all fit
+        mid = (low + high + 1) // 2
+        if n.blocks // layout.blocks_per_seq(mid * step, batched) >= seqs:
+            low = mid
+        else:
+            high = mid - 1
+    return low * step
 
 
 def utilization_for(inp: PlanInput, seqs: int) -> float | None:

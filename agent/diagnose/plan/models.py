@@ -27,6 +27,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from agent.diagnose.plan.quant import QuantScheme
+from agent.diagnose.plan.shapes import count_params, parse_hf_config
 from agent.errors import DiagnosisError
 
 __all__ = [
@@ -50,9 +52,6 @@ _NOISE_TOKENS = frozenset({
 })
 _QUANT_TOKENS = {"awq": "awq", "gptq": "gptq", "int4": "gptq", "fp8": "fp8", "int8": "int8"}
 
-# vLLM's _get_and_verify_max_len: the model's length is the smallest of these keys present.
-_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                 "max_sequence_length", "max_seq_length", "seq_len")
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,21 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     quant_method: str = ""  # the checkpoint's quantization_config.quant_method, "" if none
+    quant: QuantScheme | None = None  # the checkpoint's weight format, from quantization_config
+    # Mixture of experts: routed experts per MoE layer, how many a token uses, each one's MLP width.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_moe_layers: int = 0
+    expert_params: float = 0.0  # routed + shared expert weights (in num_params)
+    router_params: float = 0.0  # MoE gates: stay 16-bit (in num_params)
+    vision_params: float = 0.0  # the vision tower and projector: stay 16-bit (in num_params)
+    # Multi-head latent attention: the KV cache holds kv_lora_rank + qk_rope_head_dim per token and layer.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    # Sliding-window (or chunked local) attention on num_sliding_layers of the layers.
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
 
     @property
     def embedding_params(self) -> int:
@@ -89,79 +103,20 @@ class ModelSpec:
     def is_gqa(self) -> bool:
         return self.num_key_value_heads < self.num_attention_heads
 
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): one latent per token and layer."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
     @classmethod
     def from_hf_config(cls, data: Mapping[str, Any], name: str = "") -> ModelSpec:
-        """Read a Hugging Face ``config.json`` mapping. Raises :class:`DiagnosisError` naming
-        the missing field when the shape cannot be determined."""
-        if "text_config" in data and not _has_any(data, ("num_hidden_layers", "n_layer", "num_layers")):
-            data = {**data["text_config"], **{k: v for k, v in data.items() if k == "torch_dtype"}}
-        model_type = str(data.get("model_type", ""))
-        layers = _int_field(data, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"), "num_hidden_layers")
-        hidden = _int_field(data, ("hidden_size", "n_embd", "d_model"), "hidden_size")
-        heads = _int_field(data, ("num_attention_heads", "n_head", "num_heads"), "num_attention_heads")
-        kv_heads = _opt_int(data, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
-        if kv_heads is None and data.get("multi_query_attention"):
-            kv_heads = _opt_int(data, ("multi_query_group_num",))
-        kv_heads = kv_heads or heads  # absent: multi-head attention, one KV head per query head
-        head_dim = _opt_int(data, ("head_dim", "kv_channels")) or hidden // heads
-        vocab = _int_field(data, ("vocab_size", "padded_vocab_size"), "vocab_size")
-        inter = _opt_int(data, ("intermediate_size", "ffn_hidden_size", "n_inner")) or 4 * hidden
-        if model_type == "qwen":
-            inter //= 2  # Qwen1: w1 and w2 are each intermediate_size/2 wide (modeling_qwen.QWenMLP)
-        lengths = [int(data[k]) for k in _MAX_LEN_KEYS if isinstance(data.get(k), int) and data[k] > 0]
-        max_len = min(lengths) if lengths else 2048  # vLLM's fallback when a config names no length
-        dtype = _dtype_of(data)
-        tied = bool(data.get("tie_word_embeddings", False))
-        bias = model_type in ("qwen", "qwen2") or bool(data.get("attention_bias") or data.get("add_qkv_bias"))
-        quant = data.get("quantization_config")
-        quant_method = str(quant.get("quant_method", "")).lower() if isinstance(quant, Mapping) else ""
-        params = count_params(layers, hidden, heads, kv_heads, head_dim, vocab=vocab, intermediate=inter, tied=tied,
-                              qkv_bias=bias)
-        label = name or str(data.get("_name_or_path") or model_type or "model")
-        return cls(name=label, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                   num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, intermediate_size=inter,
-                   max_position_embeddings=max_len, num_params=float(params), dtype=dtype,
-                   tie_word_embeddings=tied, qkv_bias=bias, quant_method=quant_method)
-
-
-def count_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, *, vocab: int,
-                 intermediate: int, tied: bool = False, qkv_bias: bool = False) -> int:
-    """Parameters of a Llama-style decoder: embeddings (+ untied ``lm_head``), per layer
-    Q/K/V/O projections, a gated MLP (gate, up, down) and two norms, plus the final norm."""
-    q = heads * head_dim
-    kv = kv_heads * head_dim
-    attention = hidden * q + 2 * hidden * kv + q * hidden + ((q + 2 * kv) if qkv_bias else 0)
-    per_layer = attention + 3 * hidden * intermediate + 2 * hidden
-    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
-
-
-def _has_any(data: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
-    return any(k in data for k in keys)
-
-
-def _opt_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
-    for key in keys:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def _int_field(data: Mapping[str, Any], keys: tuple[str, ...], label: str) -> int:
-    value = _opt_int(data, keys)
-    if value is None:
-        raise DiagnosisError(f"model config has no {label} (looked for {', '.join(keys)})")
-    return value
-
-
-def _dtype_of(data: Mapping[str, Any]) -> str:
-    """``torch_dtype`` (or newer ``dtype``); Qwen1 uses ``bf16``/``fp16`` flags; default bfloat16."""
-    raw = str(data.get("torch_dtype") or data.get("dtype") or "").lower()
-    if raw in ("float16", "bfloat16", "float32"):
-        return raw
-    if data.get("fp16"):
-        return "float16"
-    return "bfloat16"
+        """Read a Hugging Face ``config.json`` mapping (:func:`~agent.diagnose.plan.shapes.parse_hf_config`).
+        Raises :class:`DiagnosisError` naming the missing field when the shape cannot be determined."""
+        return cls(**parse_hf_config(data, name))
 
 
 def _preset(name: str, hf_id: str, shape: tuple[int, int, int, int, int, int], max_len: int, dtype: str, *,

@@ -30,7 +30,9 @@ from agent.diagnose.plan.memory import (
     MemoryNumbers,
     PlanInput,
     activation_bytes,
+    batched_tokens,
     is_valid,
+    kv_layout,
     max_model_len_for,
     memory_numbers,
     utilization_for,
@@ -133,6 +135,7 @@ def plan(inp: PlanInput, *, runbook_base: str = DEFAULT_RUNBOOK_BASE) -> Plan:
     if inp.effective_max_model_len > inp.model.max_position_embeddings:
         notes.append(f"max_model_len {inp.effective_max_model_len} exceeds the model's "
                      f"{inp.model.max_position_embeddings}; vLLM refuses it unless rope scaling allows it")
+    notes.extend(_shape_notes(inp))
     if inp.engine == "lmdeploy" and n.weights_fit:
         slack = int((inp.gpu_memory_bytes - n.weights - n.overhead) * (1 - inp.cache_max_entry_count))
         if slack < activation_bytes(inp):
@@ -141,10 +144,34 @@ def plan(inp: PlanInput, *, runbook_base: str = DEFAULT_RUNBOOK_BASE) -> Plan:
     result = Plan(input=inp, weights_bytes_per_gpu=n.weights, kv_bytes_per_token=n.kv_tok,
                   kv_bytes_per_token_per_gpu=n.kv_tok_gpu, kv_bytes_per_token_guide=n.kv_guide,
                   overhead_bytes=n.overhead, kv_bytes_available=n.kv_avail, max_concurrent_seqs=n.seqs,
-                  max_tokens_in_cache=n.blocks * inp.block_size, fits=fits, weights_fit=n.weights_fit,
+                  max_tokens_in_cache=n.tokens, fits=fits, weights_fit=n.weights_fit,
                   recommendations=[], max_concurrent_seqs_guide=n.seqs_guide, notes=notes)
     result.recommendations.extend(_recommend(result, n, runbook_base))
     return result
+
+
+def _shape_notes(inp: PlanInput) -> list[str]:
+    """What the model's shape does to the KV cache, in a line each."""
+    m = inp.model
+    out: list[str] = []
+    layout = kv_layout(inp)
+    if m.is_mla and inp.engine == "vllm":
+        out.append(f"MLA: the KV cache keeps one latent of kv_lora_rank + qk_rope_head_dim = "
+                   f"{m.kv_lora_rank + m.qk_rope_head_dim} elements per token and layer, whole on every TP rank, "
+                   f"in blocks of {layout.block_size} tokens")
+    if len(layout.windows) > 1:
+        sliding = sum(1 for w in layout.windows if w)
+        out.append(f"hybrid attention: vLLM's KV-cache manager makes {len(layout.windows)} groups of "
+                   f"{layout.group_size} layers per GPU ({sliding} with a {m.sliding_window}-token window); "
+                   "'GPU KV cache size' counts the blocks of one group, and a sequence holds blocks in every group")
+    elif layout.windows[0]:
+        out.append(f"every layer keeps only a {m.sliding_window}-token window: a sequence holds at most "
+                   f"{layout.blocks_per_seq(inp.effective_max_model_len, batched_tokens(inp))} blocks")
+    if m.is_moe:
+        out.append(f"mixture of experts: all {m.num_experts} experts × {m.num_moe_layers} MoE layers are loaded "
+                   f"({m.expert_params / 1e9:.1f} B of {m.num_params / 1e9:.1f} B parameters), "
+                   f"{m.experts_per_token} used per token")
+    return out
 
 
 def _flag(inp: PlanInput, vllm: str, lmdeploy: str) -> str:

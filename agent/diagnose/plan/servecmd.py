@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from agent.diagnose.plan.quant import METHODS, normalize_method
 from agent.errors import DiagnosisError
 
 __all__ = ["ServeCommand", "parse_human_int", "parse_serve_command"]
@@ -38,8 +39,7 @@ _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 _UNITS = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
 _SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size", "-q": "quantization"}
-_QUANT_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq", "fp8": "fp8",
-                  "int8": "int8", "none": "none", "hf": "none", "llama": "none"}
+_QUANT_ALIASES = {"hf": "none", "llama": "none"}  # LMDeploy's --model-format names for 16-bit weights
 
 
 def parse_human_int(text: str) -> int:
@@ -54,10 +54,10 @@ def parse_human_int(text: str) -> int:
 
 
 def _quant(text: str) -> str:
-    key = text.strip().lower()
-    if key not in _QUANT_ALIASES:
-        raise ValueError(f"quantization {text!r} is not modelled (awq, gptq, fp8, int8)")
-    return _QUANT_ALIASES[key]
+    key = _QUANT_ALIASES.get(text.strip().lower()) or normalize_method(text)
+    if key not in METHODS:
+        raise ValueError(f"quantization {text!r} is not modelled ({', '.join(METHODS[1:])})")
+    return key
 
 
 def _quant_policy(text: str) -> str:
@@ -98,6 +98,8 @@ _LMDEPLOY_FLAGS: dict[str, tuple[str, _Converter]] = {
     "cache-block-seq-len": ("block_size", int),
     "max-prefill-token-num": ("max_num_batched_tokens", int),
 }
+# Switches that change the plan: flag -> PlanInput field set to True.
+_VLLM_SWITCHES = {"disable-hybrid-kv-cache-manager": "disable_hybrid_kv_cache_manager"}
 # Flags known to take no value (the rest of --enable-*/--disable-*/--no-* are treated alike).
 _BOOLEAN_FLAGS = frozenset({"trust-remote-code", "enforce-eager", "disable-log-requests", "disable-log-stats",
                             "enable-prefix-caching", "enable-chunked-prefill", "enable-auto-tool-choice",
@@ -152,6 +154,9 @@ def parse_serve_command(argv: Sequence[str]) -> ServeCommand:
         if not eq and takes_value and i < len(rest) and not rest[i].startswith("--"):
             value = rest[i]
             i += 1
+        if engine == "vllm" and name in _VLLM_SWITCHES:
+            options[_VLLM_SWITCHES[name]] = True
+            continue
         if name not in known:
             notes.append(f"ignored --{name}" + (f" {value}" if value else "") + " (does not change the memory plan)")
             continue

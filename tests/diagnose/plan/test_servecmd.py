@@ -88,4 +88,17 @@ def test_bad_number_names_the_flag() -> None:
     with pytest.raises(DiagnosisError, match="--max-model-len"):
         parse_serve_command(["vllm", "serve", "m", "--max-model-len", "long"])
     with pytest.raises(DiagnosisError, match="--quantization"):
-        parse_serve_command(["vllm", "serve", "m", "--quantization", "bitsandbytes"])
+        parse_serve_command(["vllm", "serve", "m", "--quantization", "gguf"])
+
+
+@pytest.mark.parametrize(("value", "method"), [("bitsandbytes", "bitsandbytes"), ("mxfp4", "mxfp4"),
+                                               ("compressed-tensors", "compressed-tensors"), ("fbgemm_fp8", "fp8")])
+def test_quantization_methods_of_todays_checkpoints(value: str, method: str) -> None:
+    """bitsandbytes, mxfp4, compressed-tensors and fp8 variants are modelled."""
+    assert parse_serve_command(["vllm", "serve", "m", "-q", value]).options == {"quantization": method}
+
+
+def test_disable_hybrid_kv_cache_manager_switch() -> None:
+    """--disable-hybrid-kv-cache-manager takes no value and reaches the plan."""
+    cmd = parse_serve_command(["vllm", "serve", "m", "--disable-hybrid-kv-cache-manager", "--max-num-seqs", "8"])
+    assert cmd.options == {"disable_hybrid_kv_cache_manager": True, "max_num_seqs": 8}

@@ -1,0 +1,143 @@
+"""Weight quantization: what a checkpoint's ``quantization_config`` (or ``--quantization``) costs.
+
+vLLM loads a quantized checkpoint's tensors as stored, so the bytes per weight follow from
+the format. :class:`QuantScheme` holds what matters (bits per weight, group size, zero
+points, block scales, which layers are quantized) and :func:`bytes_per_weight` the bytes per
+quantized weight including its scales. Read from vLLM's quantization layers
+(``vllm/model_executor/layers/quantization/``):
+
+* **fp8** per-tensor: 1 B + one fp32 scale per tensor; block-wise (``weight_block_size``
+  ``[128, 128]``, DeepSeek-V3): 1 B + an fp32 ``weight_scale_inv`` per 128 × 128 block.
+* **compressed-tensors**: ``config_groups[*].weights`` gives ``num_bits``, ``strategy``
+  (tensor, channel, group, block), ``group_size`` and ``symmetric``. int8 W8A8 is 1 B + a
+  per-channel scale; W4A16 ``pack-quantized`` is 0.5 B + a 16-bit scale per group
+  (+ a packed zero point when asymmetric).
+* **AWQ**: 4-bit packed + fp16 scale + 4-bit zero point per group (``q_group_size`` /
+  ``group_size``). **GPTQ**: ``bits``-bit packed + fp16 scale + packed ``bits``-bit zero
+  per group; ``group_size`` −1 is one group per output channel; ``desc_act`` adds a
+  ``g_idx`` int32 per input row (under 0.1 %, left out) and does not change the bytes.
+* **mxfp4** (gpt-oss): only the MoE experts, 4-bit values + one e8m0 (1 B) scale per 32.
+* **bitsandbytes**: ``load_in_4bit`` 0.5 B + an fp32 absmax per 64 weights (or, with
+  ``bnb_4bit_use_double_quant``, an 8-bit absmax plus an fp32 per 256 of those);
+  ``load_in_8bit`` 1 B + a per-row scale.
+
+Embeddings, ``lm_head``, MoE routers, norms and vision towers stay 16-bit in all of them
+(compressed-tensors checkpoints list these in ``ignore``; mxfp4 also keeps attention in
+16-bit). :func:`default_scheme` is the scheme a bare ``--quantization NAME`` implies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["METHODS", "QuantScheme", "bytes_per_weight", "default_scheme", "normalize_method", "scheme_from_config"]
+
+#: The quantization methods the planner models (``--quantization`` values, normalized).
+METHODS = ("none", "awq", "gptq", "fp8", "int8", "compressed-tensors", "mxfp4", "bitsandbytes")
+_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "marlin": "gptq", "fbgemm_fp8": "fp8", "ptpc_fp8": "fp8",
+            "compressed_tensors": "compressed-tensors", "bnb": "bitsandbytes", "": "none"}
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """One checkpoint's weight format. ``group_size`` 0 means per tensor or per channel
+    (scales too few to count); ``block`` is the weights per block scale (fp8 block-wise);
+    ``experts_only`` quantizes the MoE experts and nothing else (mxfp4)."""
+
+    method: str
+    bits: int = 16
+    group_size: int = 0
+    scale_bytes: int = 2
+    zero_point: bool = False
+    block: int = 0
+    experts_only: bool = False
+    double_quant: bool = False
+
+
+def normalize_method(name: str) -> str:
+    """``awq_marlin`` → ``awq``, ``compressed_tensors`` → ``compressed-tensors``; unknown names as given."""
+    key = name.strip().lower()
+    return _ALIASES.get(key, key)
+
+
+def default_scheme(method: str) -> QuantScheme:
+    """The usual checkpoint for a method when only its name is known (4-bit, group 128 for AWQ/GPTQ)."""
+    method = normalize_method(method)
+    if method in ("awq", "gptq"):
+        return QuantScheme(method, bits=4, group_size=128, zero_point=True)
+    if method in ("fp8", "int8"):
+        return QuantScheme(method, bits=8)
+    if method == "compressed-tensors":
+        return QuantScheme(method, bits=8)  # int8/fp8 W8A8, the most common compressed-tensors checkpoint
+    if method == "mxfp4":
+        return QuantScheme(method, bits=4, group_size=32, scale_bytes=1, experts_only=True)
+    if method == "bitsandbytes":
+        return QuantScheme(method, bits=4, group_size=64, scale_bytes=4)
+    return QuantScheme("none")
+
+
+def scheme_from_config(config: Mapping[str, Any]) -> QuantScheme:
+    """The scheme a ``quantization_config`` mapping describes; unknown fields fall back to
+    :func:`default_scheme` for its ``quant_method``."""
+    method = normalize_method(str(config.get("quant_method", "")))
+    base = default_scheme(method)
+    if method in ("awq", "gptq"):
+        bits = _int(config, ("bits", "w_bit"), base.bits)
+        group = _int(config, ("group_size", "q_group_size"), base.group_size)
+        zero = bool(config.get("zero_point", True)) if method == "awq" else True  # GPTQ stores qzeros always
+        return QuantScheme(method, bits=bits, group_size=max(group, 0), zero_point=zero)
+    if method == "fp8":
+        block = config.get("weight_block_size")
+        if isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) for b in block):
+            return QuantScheme(method, bits=8, block=block[0] * block[1], scale_bytes=4)
+        return base
+    if method == "compressed-tensors":
+        return _compressed_tensors(config) or base
+    if method == "bitsandbytes":
+        if config.get("load_in_8bit"):
+            return QuantScheme(method, bits=8)
+        return QuantScheme(method, bits=4, group_size=64, scale_bytes=4,
+                           double_quant=bool(config.get("bnb_4bit_use_double_quant")))
+    return base
+
+
+def _compressed_tensors(config: Mapping[str, Any]) -> QuantScheme | None:
+    groups = config.get("config_groups")
+    if not isinstance(groups, Mapping):
+        return None
+    for group in groups.values():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(weights, Mapping):
+            continue
+        bits = _int(weights, ("num_bits",), 8)
+        strategy = str(weights.get("strategy", "tensor"))
+        group_size = _int(weights, ("group_size",), 0) if strategy == "group" else 0
+        block = weights.get("block_structure")
+        block_n = block[0] * block[1] if strategy == "block" and isinstance(block, list) and len(block) == 2 else 0
+        zero = weights.get("symmetric") is False
+        return QuantScheme("compressed-tensors", bits=bits, group_size=group_size, zero_point=zero, block=block_n,
+                           scale_bytes=4 if block_n else 2)
+    return None
+
+
+def bytes_per_weight(scheme: QuantScheme) -> float:
+    """Bytes per quantized weight, scales and zero points included."""
+    value = scheme.bits / 8
+    if scheme.group_size > 0:
+        per_group = scheme.scale_bytes + (scheme.bits / 8 if scheme.zero_point else 0)
+        if scheme.double_quant:
+            per_group = 1 + 4 / 256  # 8-bit absmax, itself scaled by an fp32 per 256 blocks
+        value += per_group / scheme.group_size
+    if scheme.block > 0:
+        value += scheme.scale_bytes / scheme.block
+    return value
+
+
+def _int(data: Mapping[str, Any], keys: tuple[str, ...], default: int) -> int:
+    for key in keys:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default

@@ -1,0 +1,99 @@
+"""Tests for agent.diagnose.plan.quant and the weight bytes it gives: formats, scales, 16-bit layers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from agent.diagnose.plan.memory import PlanInput, expert_padding_bytes, memory_numbers, weight_bytes
+from agent.diagnose.plan.models import PRESETS, ModelSpec, gpu_memory_bytes, load_model_config
+from agent.diagnose.plan.quant import QuantScheme, bytes_per_weight, default_scheme, scheme_from_config
+from tests.conftest import FIXTURES
+
+PLANNER = FIXTURES / "planner"
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, 0.5 + (2 + 0.5) / 128),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, 0.5 + (2 + 0.5) / 128),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 32}, 1 + (2 + 1) / 32),
+    ({"quant_method": "gptq", "bits": 4, "group_size": -1}, 0.5),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, 1.0),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, 1 + 4 / (128 * 128)),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {
+        "num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": True, "type": "int"}}}},
+     0.5 + 2 / 128),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {
+        "num_bits": 8, "strategy": "channel", "symmetric": True, "type": "int"}}}}, 1.0),
+    ({"quant_method": "mxfp4"}, 0.5 + 1 / 32),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, 0.5 + 4 / 64),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True},
+     0.5 + (1 + 4 / 256) / 64),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, 1.0),
+])
+def test_bytes_per_weight(config: dict[str, Any], expected: float) -> None:
+    """Each format's bytes per weight: packed values plus its scales and zero points per group or block."""
+    assert bytes_per_weight(scheme_from_config(config)) == pytest.approx(expected)
+
+
+def test_marlin_names_and_defaults() -> None:
+    """--quantization awq_marlin/gptq_marlin mean the AWQ/GPTQ checkpoint formats (4-bit, group 128)."""
+    assert default_scheme("awq_marlin") == QuantScheme("awq", bits=4, group_size=128, zero_point=True)
+    assert default_scheme("gptq_marlin").method == "gptq"
+
+
+def test_dense_awq_weights_unchanged() -> None:
+    """Llama-3-8B AWQ: embeddings and lm_head at 2 B, the rest at 0.51953125 B, as before."""
+    spec = PRESETS["Llama-3-8B"]
+    linear = spec.num_params - spec.embedding_params
+    assert weight_bytes(spec, "awq") == int(spec.embedding_params * 2 + linear * (0.5 + 2.5 / 128))
+
+
+def test_checkpoint_group_size_is_used() -> None:
+    """A GPTQ checkpoint with group size 32 costs more than the default group 128."""
+    data: dict[str, Any] = json.loads((PLANNER / "meta-llama-3-8b-instruct.config.json").read_text(encoding="utf-8"))
+    data["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False}
+    spec = ModelSpec.from_hf_config(data)
+    linear = spec.num_params - spec.embedding_params
+    assert weight_bytes(spec, "gptq") == int(spec.embedding_params * 2 + linear * (0.5 + 2.5 / 32))
+
+
+def test_mxfp4_quantizes_only_the_experts() -> None:
+    """gpt-oss-20b: experts at 0.53125 B, attention, embeddings and routers at 2 B (about 12.8 GiB)."""
+    spec = load_model_config(PLANNER / "gpt-oss-20b.config.json")
+    expected = int((spec.num_params - spec.expert_params) * 2 + spec.expert_params * (0.5 + 1 / 32))
+    assert weight_bytes(spec, "mxfp4") == expected
+    assert 12.5 < expected / 2**30 < 13.2
+
+
+def test_moe_router_and_vision_stay_16_bit() -> None:
+    """fp8 on an MoE model: the router stays 2 B per weight; the vision tower too."""
+    spec = load_model_config(PLANNER / "mixtral-8x7b-instruct-v0.1.config.json")
+    quantized = spec.num_params - spec.embedding_params - spec.router_params
+    assert weight_bytes(spec, "fp8") == int((spec.embedding_params + spec.router_params) * 2 + quantized)
+    vl = replace(load_model_config(PLANNER / "qwen2.5-vl-7b-instruct.config.json"))
+    assert weight_bytes(vl, "fp8") == int((vl.embedding_params + vl.vision_params) * 2 +
+                                          (vl.num_params - vl.embedding_params - vl.vision_params))
+
+
+def test_vocabulary_padded_to_64() -> None:
+    """A vocabulary that is not a multiple of 64 is padded, as VocabParallelEmbedding does."""
+    spec = replace(PRESETS["Llama-2-7B"], vocab_size=32001)
+    assert weight_bytes(spec) == int((spec.num_params + 63 * 4096 * 2) * 2)
+
+
+def test_mxfp4_experts_padded_to_256_per_tp_rank() -> None:
+    """gpt-oss-120b: vLLM pads each expert's 2880 width (720 per rank at TP=4) to 3072 (768): +6.7 % expert bytes;
+    on one H100 that is the 64.38 GiB vLLM 0.11 logs as "Model loading took" (tests/fixtures/planner/calibration/)."""
+    spec = load_model_config(PLANNER / "gpt-oss-120b.config.json")
+    per_weight = 0.5 + 1 / 32
+    one = PlanInput(spec, gpu_memory_bytes("H100"), quantization="mxfp4")
+    assert expert_padding_bytes(one) == int(spec.expert_params * (3072 / 2880 - 1) * per_weight)
+    four = PlanInput(spec, gpu_memory_bytes("H100"), quantization="mxfp4", tensor_parallel_size=4)
+    assert expert_padding_bytes(four) == int(spec.expert_params / 4 * (768 / 720 - 1) * per_weight)
+    weights = memory_numbers(one).weights / 2**30
+    assert abs(weights - 64.38) / 64.38 < 0.01
+    assert expert_padding_bytes(PlanInput(PRESETS["Llama-3-8B"], gpu_memory_bytes("H100"), quantization="awq")) == 0
