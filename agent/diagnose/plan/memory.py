@@ -25,7 +25,12 @@ out, per GPU:
   3.58 GiB at TP=2) plus an activation peak of ``max_num_batched_tokens × hidden × 2 B × 12``
   and the sampler's fp32 logits ``max_num_seqs × vocab × 4 B × 2`` (calibrated on vLLM's
   profile of Llama-3-8B: 1.26 GiB at 8,192 tokens). LMDeploy instead gives
-  ``--cache-max-entry-count`` of the memory *free after the weights load* to KV.
+  ``--cache-max-entry-count`` of the memory *free after the weights load* to KV: TurboMind's
+  ``CreateEngine`` (``src/turbomind/turbomind.cc``) takes ``cudaMemGetInfo``'s free bytes, the
+  minimum over the TP ranks, times the ratio, before the model's own buffers are allocated;
+  those, the activations, come out of the rest. Its quantized KV layout
+  (``src/turbomind/kernels/attention/block.h``) stores per token, head and K/V
+  ``head_dim × bits / 8`` bytes plus a 16-bit scale and zero point (4 B).
 * **capacity** in blocks (vLLM 16 tokens, LMDeploy 64): the concurrent full-length
   sequences are ``blocks // ceil(max_model_len / block)``.
 
@@ -58,6 +63,7 @@ __all__ = [
     "PlanInput",
     "activation_bytes",
     "is_valid",
+    "kv_bytes_per_token",
     "max_model_len_for",
     "memory_numbers",
     "utilization_for",
@@ -181,20 +187,31 @@ def validate(inp: PlanInput) -> None:
         raise DiagnosisError("; ".join(problems))
 
 
+def _kv_bits(inp: PlanInput) -> int:
+    bits = KV_CACHE_DTYPES[inp.kv_cache_dtype]
+    return 32 if bits == 16 and inp.dtype == "float32" else bits
+
+
+def kv_bytes_per_token(inp: PlanInput) -> tuple[int, int]:
+    """``(whole model, one GPU)`` KV-cache bytes per token of ``inp``'s model at its KV dtype,
+    TP and PP (see the module docstring). The one place the per-token size is worked out: the
+    planner's capacity and the OOM diagnosis' KV suggestions both read it."""
+    m = inp.model
+    head_bytes = m.head_dim * _kv_bits(inp) // 8
+    if inp.engine == "lmdeploy" and _kv_bits(inp) < 16:
+        head_bytes += LMDEPLOY_SCALE_BYTES
+    layers_gpu = math.ceil(m.num_layers / inp.pipeline_parallel_size)
+    kv_heads_gpu = max(1, m.num_key_value_heads // inp.tensor_parallel_size)
+    return 2 * m.num_layers * m.num_key_value_heads * head_bytes, 2 * layers_gpu * kv_heads_gpu * head_bytes
+
+
 def memory_numbers(inp: PlanInput) -> MemoryNumbers:
     """The per-GPU numbers of ``inp`` (see the module docstring); ``inp`` must be valid."""
     m = inp.model
     tp, pp = inp.tensor_parallel_size, inp.pipeline_parallel_size
-    bits = KV_CACHE_DTYPES[inp.kv_cache_dtype]
-    if bits == 16 and inp.dtype == "float32":
-        bits = 32
-    head_bytes = m.head_dim * bits // 8
-    if inp.engine == "lmdeploy" and bits < 16:
-        head_bytes += LMDEPLOY_SCALE_BYTES
+    bits = _kv_bits(inp)
     layers_gpu = math.ceil(m.num_layers / pp)
-    kv_heads_gpu = max(1, m.num_key_value_heads // tp)
-    kv_tok = 2 * m.num_layers * m.num_key_value_heads * head_bytes
-    kv_tok_gpu = 2 * layers_gpu * kv_heads_gpu * head_bytes
+    kv_tok, kv_tok_gpu = kv_bytes_per_token(inp)
     kv_guide = 2 * m.num_layers * m.hidden_size * bits // 8
     kv_guide_gpu = 2 * layers_gpu * (m.hidden_size // tp) * bits // 8
     weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp))

@@ -31,6 +31,7 @@ from agent.diagnose.plan.memory import (
     PlanInput,
     activation_bytes,
     is_valid,
+    kv_bytes_per_token,
     max_model_len_for,
     memory_numbers,
     utilization_for,
@@ -53,9 +54,11 @@ __all__ = [
     "activation_bytes",
     "find_model",
     "gpu_memory_bytes",
+    "kv_bytes_per_token",
     "max_model_len_for",
     "plan",
     "utilization_for",
+    "validate",
     "weight_bytes",
 ]
 
