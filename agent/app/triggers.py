@@ -17,7 +17,11 @@ thread of its message, and the incident log):
   Alertmanager posted to its webhook, :mod:`agent.act.intake`): GPU memory alerts
   (:data:`~agent.config.GPU_MEMORY_ALERTS`: ``GPUMemoryNearFull`` and OOM-looking names) get the memory
   picture of the GPU the alert names (its ``Hostname`` and ``UUID``/``gpu`` labels) and
-  the runtime-OOM advice; the alerts in ``diagnostics.nccl.on_alerts``
+  the runtime-OOM advice; the KV-saturation and scale-out alerts
+  (:data:`~agent.diagnose.plan.fleet.CAPACITY_ALERTS`) get each named replica's live capacity
+  advice (:func:`~agent.diagnose.plan.fleet.capacity_advice`: its ``vllm:cache_config_info``
+  and the last 15 minutes of KV usage, running, waiting and preemptions); the alerts in
+  ``diagnostics.nccl.on_alerts``
   (throughput far below expectation) start an nccl-tests run, at most once per
   ``diagnostics.nccl.cooldown``;
 * **the nccl schedule** (a cron expression) runs nccl-tests regularly; the last
@@ -34,7 +38,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -58,6 +62,7 @@ from agent.diagnose.oom.verdict import (
     diagnose_oom,
     headroom_utilization,
 )
+from agent.diagnose.plan.fleet import CAPACITY_ALERTS, WINDOW_MS, capacity_advice, replicas_from_store
 from agent.errors import DiagnosisError, SourceError
 from agent.promql.history import RemoteHistory
 from agent.store import Store
@@ -241,6 +246,11 @@ class Diagnostics:
         now_ms = int(self._clock() * 1000)
         if name in self._cfg.nccl.on_alerts:
             self.request_nccl(reason=f"{name} fired", alert=alert)
+        elif name in CAPACITY_ALERTS:
+            if self._history is not None:
+                self._spawn(self._capacity_remote(alert, now_ms))
+                return
+            self._capacity_findings(alert, self._store, now_ms)
         elif _GPU_MEMORY_ALERTS.fullmatch(name):
             # The alert is about one GPU: dcgm-exporter (and the agent's NVML poller) name its node in
             # Hostname and the GPU in UUID/gpu; `instance` is the exporter's address, not the node.
@@ -248,13 +258,41 @@ class Diagnostics:
             host = lab.get("Hostname") or lab.get("hostname") or lab.get("instance", "")
             gpu = lab.get("UUID") or lab.get("gpu") or None
             if self._history is not None:
-                task = asyncio.get_running_loop().create_task(self._gpu_memory_remote(alert, host, gpu, now_ms))
-                self._history_tasks.add(task)
-                task.add_done_callback(self._history_tasks.discard)
+                self._spawn(self._gpu_memory_remote(alert, host, gpu, now_ms))
                 return
             self._gpu_memory_finding(alert, context_from_store(self._store, host, now_ms, gpu=gpu), host, now_ms)
         else:
             log.debug("no diagnosis for this alert", alertname=name)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._history_tasks.add(task)
+        task.add_done_callback(self._history_tasks.discard)
+
+    def _capacity_findings(self, alert: AlertSnapshot, store: Store, now_ms: int) -> None:
+        """One capacity finding per replica the alert names (its ``instance``, or every replica of its
+        ``job``/``model_name`` for the fleet-wide scale-out alert)."""
+        match = {k: v for k in ("instance", "job", "model_name") if (v := alert.labels.get(k))}
+        replicas = replicas_from_store(store, now_ms, match=match)
+        if not replicas:
+            log.info("no vllm:cache_config_info for the alert's replicas; no capacity advice",
+                     alertname=alert.labels.get("alertname", ""), **match)
+        for r in replicas:
+            self._emit(capacity_advice(r, runbook_base=self._cfg.runbook_base_url), alert, now_ms)
+
+    async def _capacity_remote(self, alert: AlertSnapshot, now_ms: int) -> None:
+        """The replicas' cache config and usage from the server, then the same findings."""
+        assert self._history is not None
+        names = ("cache_config_info|kv_cache_usage_perc|gpu_cache_usage_perc|num_requests_running|"
+                 "num_requests_waiting|num_preemptions_total")
+        where = "".join(f",{k}={json.dumps(v)}" for k in ("instance", "job") if (v := alert.labels.get(k)))
+        selector = f'{{__name__=~"vllm:({names})"{where}}}'
+        try:
+            store = await asyncio.to_thread(self._history.fetch, [selector], now_ms - WINDOW_MS, now_ms)
+        except SourceError as exc:
+            log.warning("no replica history from the source; capacity advice skipped", error=str(exc))
+            return
+        self._capacity_findings(alert, store, now_ms)
 
     def _gpu_memory_finding(self, alert: AlertSnapshot, ctx: OomContext, host: str, now_ms: int) -> None:
         if ctx.gpu_memory_history:

@@ -6,6 +6,10 @@ after ``--`` (``sre-agent plan --gpu H100 -- vllm serve MODEL -tp 4``). Flags gi
 ``plan`` override the pasted command's. Exit status: 0 when ``max_num_seqs`` full-length
 sequences fit, 1 when they (or the weights) do not, 2 on bad input (unknown model or GPU,
 bad numbers, a command line that is not vLLM's or LMDeploy's).
+
+``--from-target URL`` (repeatable) and ``--from-fleet CONFIG`` ask running vLLM replicas
+instead: :mod:`agent.cli.plan_live` scrapes each once and prints its real KV capacity and
+the change that removes its preemptions or queueing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
+from agent.cli.plan_live import run_live
 from agent.config import parse_size
 from agent.diagnose.plan.models import (
     PRESETS,
@@ -39,9 +44,12 @@ Will this model fit on these GPUs, and how many full-length sequences does the K
   sre-agent plan --model meta-llama/Meta-Llama-3-70B-Instruct --gpu A100-80GB -tp 4 --max-model-len 8192
   sre-agent plan --gpu H100 -- vllm serve Qwen/Qwen2-7B-Instruct --max-num-seqs 128
   sre-agent plan --gpu A100-80GB -- lmdeploy serve api_server internlm/internlm2-chat-20b --tp 2 --quant-policy 8
+  sre-agent plan --from-target http://gpu-node-1:8000/metrics --from-target gpu-node-2:8000
+  sre-agent plan --from-fleet agent.yaml --max-model-len 8192
 
 Presets: {presets}. Any other model: --model-config path/to/config.json.
-Exit status: 0 fits, 1 does not fit, 2 bad input.
+Exit status: 0 fits, 1 does not fit, 2 bad input. With --from-target/--from-fleet: 0 every
+replica serves its load, 1 one needs a change, 2 a target did not answer.
 """
 
 
@@ -66,6 +74,11 @@ def add_parser(sub: Any) -> None:
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", help="A100-40GB, A100-80GB, H100, H200, L40S or RTX-4090")
     gpu.add_argument("--gpu-memory", help="memory of one GPU, e.g. 80GiB or 48GB")
+    live = p.add_argument_group("capacity advice from live vLLM replicas (instead of a model and GPU)")
+    live.add_argument("--from-target", action="append", metavar="URL",
+                      help="a vLLM /metrics URL (or host:port) to scrape once; repeat for several replicas")
+    live.add_argument("--from-fleet", type=Path, metavar="CONFIG",
+                      help="scrape every target of this agent config file")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("serve", nargs="*", metavar="-- COMMAND",
                    help="a vllm serve / python -m vllm.entrypoints.openai.api_server / lmdeploy serve api_server "
@@ -74,6 +87,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_target or args.from_fleet is not None:
+        return run_live(args)
     try:
         inp, notes = build_input(args)
         result = plan(inp)

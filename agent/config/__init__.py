@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from agent.config.act import (
+    CAPACITY_ALERTS,
     GPU_MEMORY_ALERTS,
     ActionConfig,
     AlertmanagerReceiverConfig,
@@ -63,6 +64,7 @@ from agent.errors import ConfigError
 from agent.gocompat import yamlv3
 
 __all__ = [
+    "CAPACITY_ALERTS",
     "GPU_MEMORY_ALERTS",
     "ActionConfig",
     "AlertmanagerReceiverConfig",

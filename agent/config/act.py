@@ -17,6 +17,7 @@ from agent.config.types import ConfigModel, Duration, check_url, format_duration
 from agent.matchers import AlertMatcher, parse_matchers
 
 __all__ = [
+    "CAPACITY_ALERTS",
     "GPU_MEMORY_ALERTS",
     "ActionConfig",
     "AlertmanagerReceiverConfig",
@@ -211,14 +212,18 @@ class ActionConfig(_Matching):
 #: Alertmanager posting to the intake: DCGMFramebufferNearFull, GpuMemoryHigh, CUDAOutOfMemory, ...KilledOOM).
 #: Go (RE2) and Python read it alike; anchored, as Alertmanager anchors a matcher's regex.
 GPU_MEMORY_ALERTS = "GPUMemoryNearFull|.*(OOM|OutOfMemory|GPUMemory|GpuMemory|Framebuffer|FrameBuffer).*"
+#: The bundled KV-saturation and scale-out alerts: their diagnosis is the live capacity advice
+#: (agent.diagnose.plan.fleet.CAPACITY_ALERTS, the same names).
+CAPACITY_ALERTS = "VLLMKVCacheSaturated|VLLMScaleOutNeeded|VLLMQueueingWithKVCacheHeadroom|VLLMPreemptionsSustained"
 
 
 def default_actions() -> list[ActionConfig]:
     # The bundled rules label scale-out alerts `action: scale_out`; GPU memory (and OOM-looking)
-    # and throughput alerts get their diagnosis.
+    # throughput and KV-capacity alerts get their diagnosis.
     return [
         ActionConfig(type="scale_out", matchers=['action="scale_out"']),
-        ActionConfig(type="diagnose", matchers=[f'alertname=~"{GPU_MEMORY_ALERTS}|VLLMGenerationThroughputLow"']),
+        ActionConfig(type="diagnose",
+                     matchers=[f'alertname=~"{GPU_MEMORY_ALERTS}|VLLMGenerationThroughputLow|{CAPACITY_ALERTS}"']),
     ]
 
 

@@ -107,6 +107,7 @@ class _Replica:
     logged_prompt: float = 0.0
     logged_preemptions: int = 0
     gpus: list[SimGpu] = field(default_factory=list)
+    served_model: str = ""
 
     @property
     def address(self) -> str:
@@ -132,7 +133,19 @@ class _Replica:
             return web.Response(status=200 if self.status == "up" else 500 if self.flavor == "v0" else 503)
         if path == "/version":
             return web.json_response({"version": VERSIONS[self.flavor]})
+        if path == "/v1/models":
+            return web.json_response(self._models())
         return web.Response(status=404)
+
+    def _models(self) -> dict[str, object]:
+        """The OpenAI-compatible model list: vLLM's model card carries ``max_model_len``; LMDeploy's
+        carries none (its ``--session-len`` is not served)."""
+        card: dict[str, object] = {"id": self.served_model, "object": "model",
+                                   "owned_by": "lmdeploy" if self.flavor == "lmdeploy" else "vllm",
+                                   "root": self.served_model, "parent": None}
+        if self.flavor != "lmdeploy":
+            card["max_model_len"] = self.model.params.max_model_len
+        return {"object": "list", "data": [card]}
 
 
 class Fleet:
@@ -263,7 +276,8 @@ class Fleet:
         model = ReplicaModel(cfg.params, bounds_for(flavor, cfg.params.max_model_len), seed, now=self._time)
         renderer = Renderer(model, flavor, cfg.model, created=self._wallclock())
         log_path = cfg.log_dir / f"{kind}-{index}.log" if cfg.log_dir is not None else None
-        replica = _Replica(f"{kind}-{index}", index, flavor, model, renderer, log_path, cfg.host)
+        replica = _Replica(f"{kind}-{index}", index, flavor, model, renderer, log_path, cfg.host,
+                           served_model=cfg.model)
         replica.gpus = self.gpus.allocate(replica.name, flavor)
         replica.runner = web.ServerRunner(web.Server(replica.handle, access_log=None), shutdown_timeout=0.5)
         await replica.runner.setup()

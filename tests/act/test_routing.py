@@ -212,15 +212,17 @@ def test_real_state_silence_fits() -> None:
 
 def test_default_actions() -> None:
     """The default config scales out `action="scale_out"` alerts and diagnoses GPUMemoryNearFull, OOM-looking
-    names (as other rule sets behind an Alertmanager call them) and VLLMGenerationThroughputLow, anchored."""
+    names (as other rule sets behind an Alertmanager call them), VLLMGenerationThroughputLow and the KV-capacity
+    alerts, anchored."""
     actions = Config().actions
     scale = {"alertname": "VLLMRequestsQueueing", "action": "scale_out"}
     assert [a.type for a in match_actions(actions, scale)] == ["scale_out"]
     assert [a.type for a in match_actions(actions, {"alertname": "GPUMemoryNearFull"})] == ["diagnose"]
     for name in ("DCGMFramebufferNearFull", "GpuMemoryHigh", "CUDAOutOfMemory", "KubeContainerOOMKilled",
-                 "VLLMGenerationThroughputLow"):
+                 "VLLMGenerationThroughputLow", "VLLMKVCacheSaturated", "VLLMQueueingWithKVCacheHeadroom",
+                 "VLLMPreemptionsSustained"):
         assert [a.type for a in match_actions(actions, {"alertname": name})] == ["diagnose"], name
-    for name in ("VLLMGenerationThroughputLowish", "VLLMKVCacheSaturated", "Zoom", "GPUThermalThrottling"):
+    for name in ("VLLMGenerationThroughputLowish", "VLLMKVCacheSaturatedX", "Zoom", "GPUThermalThrottling"):
         assert [a.type for a in match_actions(actions, {"alertname": name})] == [], name
     assert [a.type for a in match_actions(actions, {"alertname": "GPUMemoryNearFull", "action": "scale_out"})] == [
         "scale_out", "diagnose"]

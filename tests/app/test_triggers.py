@@ -33,6 +33,8 @@ from agent.simulate.server import Fleet, FleetConfig
 from agent.store import Store
 from tests.conftest import FIXTURES, REPO
 from tests.receivers import RecordingServer, free_port
+from tests.simstore import MODEL as SIM_MODEL
+from tests.simstore import simulated_store
 
 LOGS = FIXTURES / "logs"
 FAKE_NCCL = REPO / "tests" / "fake_all_reduce_perf.py"
@@ -487,3 +489,77 @@ async def test_simulated_replica_oom_reaches_the_webhook(tmp_path: Path) -> None
         await agent.stop()
         await fleet.stop()
         await receiver.stop()
+
+
+# ---- capacity advice on the KV-saturation and scale-out alerts ----------------------------------------
+
+
+def test_kv_saturation_alert_gets_the_replicas_capacity_advice() -> None:
+    """VLLMKVCacheSaturated on a replica that ran the simulator's kv_pressure scenario: one kv-cache-capacity
+    warning posted with the alert, about that instance, with its capacity from cache_config_info; its queue (far
+    above 2x running) makes the change more replicas, with --max-num-seqs among the alternatives; the other
+    replica in the store is not mentioned."""
+    store = simulated_store("kv_pressure", 900, t0_s=T0 - 900)
+    simulated_store("steady", 900, t0_s=T0 - 900, instance="gpu-node-2:8000", store=store)
+    d, posted = _diagnostics(_config(), store)
+    alert = _alert("VLLMKVCacheSaturated", instance="gpu-node-1:8000", job="vllm", model_name=SIM_MODEL)
+    d.on_alert(alert)
+    ((f, with_alert),) = posted
+    assert with_alert is alert
+    assert (f.kind, f.severity, f.setting) == ("kv-cache-capacity", "warning", "replicas")
+    assert int(f.suggested_value.removeprefix("+")) >= 1
+    assert any(a.startswith("--max-num-seqs ") for a in f.details["alternatives"])
+    assert f.labels == {"instance": "gpu-node-1:8000", "job": "vllm", "model_name": SIM_MODEL}
+    assert f.evidence[0].startswith("gpu-node-1:8000: KV cache 8,192 blocks × 16 tokens = 131,072 tokens")
+    assert f.runbook_url.endswith("/diagnosis-kv-cache-capacity.md")
+    assert d.findings_total == {"kv-cache-capacity": 1}
+
+
+def test_scale_out_alert_advises_every_replica_of_its_job() -> None:
+    """VLLMScaleOutNeeded names a job and model, not an instance: each replica of it gets its advice, and
+    under the simulator's surge that is more replicas."""
+    store = simulated_store("surge", 600, t0_s=T0 - 600)
+    simulated_store("surge", 600, t0_s=T0 - 600, instance="gpu-node-2:8000", store=store, seed=8)
+    d, posted = _diagnostics(_config(), store)
+    d.on_alert(_alert("VLLMScaleOutNeeded", job="vllm", model_name=SIM_MODEL, action="scale_out"))
+    assert [f.labels["instance"] for f, _ in posted] == ["gpu-node-1:8000", "gpu-node-2:8000"]
+    assert {f.setting for f, _ in posted} == {"replicas"}
+
+
+def test_capacity_alert_without_cache_config_posts_nothing() -> None:
+    """A store without vllm:cache_config_info (LMDeploy, or an engine still starting) gives no advice."""
+    d, posted = _diagnostics(_config())
+    d.on_alert(_alert("VLLMPreemptionsSustained", instance="gpu-node-1:8000", job="vllm"))
+    assert posted == []
+
+
+class _FakeHistory:
+    """RemoteHistory's fetch over a prepared store, recording the selectors it was asked for."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.asked: list[tuple[list[str], int, int]] = []
+
+    def fetch(self, selectors: list[str], start_ms: int, end_ms: int) -> Store:
+        self.asked.append((selectors, start_ms, end_ms))
+        return self.store
+
+
+async def test_prometheus_mode_reads_the_replicas_history_from_the_server() -> None:
+    """In Prometheus mode the capacity advice asks the server for the instance's six vLLM series over the last
+    15 minutes (off the event loop), then posts the same finding as from the embedded store."""
+    history = _FakeHistory(simulated_store("kv_pressure", 900, t0_s=T0 - 900))
+    posted: Posted = []
+    d = Diagnostics(_config(), Store(3_600_000), lambda f, a: posted.append((f, a)), clock=Clock(),
+                    history=history)  # type: ignore[arg-type]
+    try:
+        d.on_alert(_alert("VLLMPreemptionsSustained", instance="gpu-node-1:8000", job="vllm"))
+        await _until(lambda: posted, "the capacity finding")
+    finally:
+        await d.stop()
+    ((selectors, start, end),) = history.asked
+    assert selectors == ['{__name__=~"vllm:(cache_config_info|kv_cache_usage_perc|gpu_cache_usage_perc|'
+                         'num_requests_running|num_requests_waiting|num_preemptions_total)",'
+                         'instance="gpu-node-1:8000",job="vllm"}']
+    assert end - start == 15 * 60_000
+    assert posted[0][0].kind == "kv-cache-capacity" and posted[0][0].labels["instance"] == "gpu-node-1:8000"

@@ -3,8 +3,12 @@ serving commands and exit codes (0 fits, 1 does not fit, 2 bad input)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ import pytest
 
 from agent.cli import main
 from agent.diagnose.plan.planner import PlanInput, find_model, gpu_memory_bytes, plan
+from agent.simulate.server import Fleet, FleetConfig
 from tests.conftest import FIXTURES
 
 PLANNER = FIXTURES / "planner"
@@ -161,3 +166,76 @@ def test_mla_table_shows_the_latent(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "70,272 B = 61 layers × (512 kv_lora_rank + 64 qk_rope_head_dim) × 2 B (MLA latent, not split by TP); " \
            "70,272 B per GPU" in out
+
+
+# ---- --from-target / --from-fleet: capacity from live replicas ------------------------------------------
+AIBRIX = FIXTURES / "vllm" / "v0_0.7_aibrix_qwen15b_metrics.txt"
+
+
+def _fake_fetch(bodies: dict[str, bytes]) -> Callable[[str], bytes]:
+    def fetch(url: str) -> bytes:
+        if url not in bodies:
+            raise OSError(f"connection refused: {url}")
+        return bodies[url]
+    return fetch
+
+
+def _live(argv: list[str], fetch: Callable[[str], bytes]) -> int:
+    from agent.cli import _parser  # the real argument parser, with a fake network
+    from agent.cli.plan_live import run_live
+
+    return run_live(_parser().parse_args(["plan", *argv]), fetch=fetch, clock=lambda: 1_750_000_000.0)
+
+
+def test_from_target_reads_a_real_vllm_capture(capsys: pytest.CaptureFixture[str]) -> None:
+    """A real V0 /metrics capture: 81,767 blocks x 16 = 1,308,272 tokens; with --max-model-len 32768 that is
+    81,767 // 2,048 = 39 full-length sequences; an idle replica needs nothing (exit 0)."""
+    fetch = _fake_fetch({"http://10.0.0.7:8000/metrics": AIBRIX.read_bytes()})
+    code = _live(["--from-target", "10.0.0.7:8000", "--max-model-len", "32768"], fetch)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "10.0.0.7:8000: KV cache 81,767 blocks × 16 tokens = 1,308,272 tokens (vllm:cache_config_info, " \
+           "cache_dtype auto, gpu_memory_utilization 0.9)" in out
+    assert "= 39 full-length sequences of 32,768 tokens (max_model_len from --max-model-len)" in out
+    assert "KV capacity: 10.0.0.7:8000 (Qwen/Qwen2.5-Coder-1.5B-Instruct)" in out
+    assert "OK: " in out and "preemptions 0 since the server started" in out
+
+
+def test_from_target_takes_max_model_len_from_v1_models(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --max-model-len the server's /v1/models answers it, and the output names that source."""
+    models = b'{"object": "list", "data": [{"id": "q", "max_model_len": 4096}]}'
+    fetch = _fake_fetch({"http://h:8000/metrics": AIBRIX.read_bytes(), "http://h:8000/v1/models": models})
+    assert _live(["--from-target", "http://h:8000/metrics", "--json"], fetch) == 0
+    (rep,) = json.loads(capsys.readouterr().out)["replicas"]
+    # 4,096 tokens = 256 blocks each: 81,767 // 256 = 319
+    assert (rep["max_model_len"], rep["max_model_len_source"], rep["full_length_seqs"]) == (
+        4096, "http://h:8000/v1/models", 319)
+    assert rep["kv_cache_tokens"] == 1_308_272 and rep["finding"]["ok"]
+
+
+def test_from_target_that_does_not_answer_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """A target that refuses the connection, or serves no cache_config_info, is exit 2 with the reason."""
+    fetch = _fake_fetch({"http://lm:23333/metrics": b"lmdeploy:num_requests_running 0\n"})
+    assert _live(["--from-target", "h:1", "--from-target", "lm:23333"], fetch) == 2
+    err = capsys.readouterr().err
+    assert "error: http://h:1/metrics: no answer (connection refused: http://h:1/metrics)" in err
+    assert "error: http://lm:23333/metrics: no vllm:cache_config_info" in err
+
+
+async def test_from_fleet_scrapes_every_simulated_replica(tmp_path: Path) -> None:
+    """Against the simulator over real HTTP: every target of the config is scraped once, its capacity printed
+    with max_model_len from /v1/models, and a fleet line sums the replicas."""
+    fleet = Fleet(FleetConfig(replicas=2, base_port=0, speed=20.0, step_s=0.05, dcgm_port=None))
+    await fleet.start()
+    try:
+        config = tmp_path / "agent.yaml"
+        config.write_text("targets:\n" + "".join(f"  - url: {t}\n" for t in fleet.targets), encoding="utf-8")
+        proc = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agent", "plan", "--from-fleet",
+                                                        str(config)], capture_output=True, text=True, timeout=60)
+    finally:
+        await fleet.stop()
+    assert proc.returncode in (0, 1), proc.stderr  # 1 when the simulated replicas already queue
+    out = proc.stdout
+    assert out.count("KV cache 8,192 blocks × 16 tokens = 131,072 tokens") == 2
+    assert out.count("= 16 full-length sequences of 8,192 tokens (max_model_len from http://127.0.0.1:") == 2
+    assert "Fleet: 2 replicas, 262,144 KV tokens" in out

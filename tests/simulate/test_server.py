@@ -194,3 +194,16 @@ async def test_busy_port_raises_and_leaves_nothing_listening() -> None:
         with pytest.raises(SimulatorError, match=str(port)):
             await fleet.start()
     assert fleet._control is None and fleet._task is None
+
+
+async def test_v1_models_reports_max_model_len_as_vllm_does(start_fleet: StartFleet) -> None:
+    """/v1/models lists the served model with vLLM's max_model_len; LMDeploy's card carries none."""
+    fleet = await start_fleet(replicas=1, lmdeploy_replicas=1)
+    vllm_url, lmdeploy_url = (t.removesuffix("/metrics") + "/v1/models" for t in fleet.targets)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(vllm_url) as resp:
+            (card,) = (await resp.json())["data"]
+        async with session.get(lmdeploy_url) as resp:
+            (lm_card,) = (await resp.json())["data"]
+    assert (card["id"], card["owned_by"], card["max_model_len"]) == ("meta-llama/Llama-3.1-8B-Instruct", "vllm", 8192)
+    assert lm_card["owned_by"] == "lmdeploy" and "max_model_len" not in lm_card

@@ -138,7 +138,8 @@ def alert_blocks(notification: Notification, dashboard_url: str = "") -> tuple[s
 
 def finding_blocks(finding: Mapping[str, Any], dashboard_url: str = "") -> tuple[str, list[dict[str, Any]]]:
     """A diagnosis finding (:meth:`Finding.to_json`): kind, summary, evidence as a code
-    block, the setting to change → its suggested value, and the runbook button."""
+    block, the setting to change → its suggested value, the alternatives (``details["alternatives"]``)
+    and the runbook button."""
     kind = str(finding.get("kind") or "finding")
     summary = str(finding.get("summary") or "")
     severity = str(finding.get("severity") or "")
@@ -163,6 +164,10 @@ def finding_blocks(finding: Mapping[str, Any], dashboard_url: str = "") -> tuple
     field_block = _fields(fields, escaped={"Change"})
     if field_block is not None:
         blocks.append(field_block)
+    details = finding.get("details")
+    alternatives = details.get("alternatives") if isinstance(details, Mapping) else None
+    if isinstance(alternatives, list) and alternatives:  # the other changes that would also work
+        blocks.append(_context("Or: " + "; ".join(str(a) for a in alternatives)))
     rest = {k: v for k, v in sorted(labels.items()) if k not in _NOT_IN_CONTEXT}
     if rest:
         blocks.append(_context(_label_text(rest)))

@@ -93,6 +93,10 @@ _V1_KV = re.compile(r"To serve at least one request with the models?'s max seq l
 _V1_ESTIMATE = re.compile(r"the estimated maximum model length is (\d+)")
 _FREE = re.compile(r"Free memory on device(?: (\S+))? \((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
                    r"desired GPU memory utilization \((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)")
+#: vLLM V1's gpu_model_runner after the KV cache is allocated: "CUDA out of memory occurred when warming up
+#: sampler with 1024 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` ..."
+#: (also "pooler (task=...)" for pooling models); the count is min(max_num_seqs, max_num_batched_tokens).
+_WARMUP = re.compile(r"CUDA out of memory occurred when warming up (\w+)(?: \([^)]*\))? with (\d+) dummy requests")
 _PREEMPT = re.compile(r"Sequence group (\S+) is preempted by PreemptionMode\.(\w+) mode because there is not enough "
                       r"KV cache space")
 _PREEMPT_TOTAL = re.compile(r"total_num_cumulative_preemption=(\d+)")
@@ -128,6 +132,7 @@ _PHASE_WORDS = (
     ("profiling", ("in profile_run", "in determine_num_available_blocks", "in determine_available_memory",
                    "Memory profiling takes")),
     ("cuda-graphs", ("in capture_model", "Capturing CUDA graph", "Capturing cudagraph")),
+    ("warmup", ("in _dummy_sampler_run", "in _dummy_pooler_run")),
     ("loaded", ("Loading model weights took", "Loading weights took", "Model loading took", "model weights take")),
     ("serving", ("Application startup complete", "Uvicorn running on", "Avg prompt throughput", "Received request",
                  "Added request", '"POST /v1/')),
@@ -223,6 +228,8 @@ class EvidenceScanner:
             return self._add("vllm-free-memory", line, device=m[1] or "", free_bytes=size_bytes(m[2], "GiB"),
                              total_bytes=size_bytes(m[3], "GiB"), utilization=float(m[4]),
                              requested_bytes=size_bytes(m[5], "GiB"))
+        if m := _WARMUP.search(line):
+            return self._add("vllm-warmup-oom", line, what=m[1], requests=int(m[2]))
         if m := _PREEMPT.search(line):
             t = _PREEMPT_TOTAL.search(line)
             return self._add("vllm-preemption", line, mode=m[2], cumulative=int(t[1]) if t else None)

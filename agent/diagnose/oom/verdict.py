@@ -1,8 +1,9 @@
 """The OOM verdict: from evidence lines (and what the daemon knows) to findings with a fix.
 
-An inference server dies of "out of memory" in at least eight ways, each with its own knob:
+An inference server dies of "out of memory" in at least nine ways, each with its own knob:
 weights that do not fit need more tensor parallelism or quantization, a KV cache too small
-for ``--max-model-len`` needs a shorter context or more memory, a PyTorch OOM while serving
+for ``--max-model-len`` needs a shorter context or more memory, a sampler warm-up with many
+dummy requests after the KV cache fit needs fewer ``--max-num-seqs``, a PyTorch OOM while serving
 needs activation headroom, a memory-cgroup kill needs a larger container limit, an XID needs
 a drained node. :func:`diagnose_oom` tells them apart from the lines
 :mod:`agent.diagnose.oom.evidence` recognises and puts a concrete value on the knob: vLLM's own
@@ -39,7 +40,7 @@ log = structlog.get_logger(__name__)
 GIB = 2**30
 #: Finding kinds in report order: hardware first, then start-up failures, then runtime.
 KINDS = ("gpu-hardware", "gpu-memory-contention", "gpu-oom-startup-weights", "gpu-oom-startup-kv-cache",
-         "gpu-oom-runtime", "container-oom", "host-oom", "kv-cache-preemption")
+         "gpu-oom-startup-warmup", "gpu-oom-runtime", "container-oom", "host-oom", "kv-cache-preemption")
 DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default, assumed (and said so) when unknown
 MAX_UTILIZATION = planner.MAX_UTILIZATION  # never suggest more: CUDA context, NCCL, graphs live outside it
 STEP = 0.05  # utilization given back (runtime OOM) or taken (KV pressure) when nothing says how much
@@ -154,6 +155,11 @@ def _kv_too_small(ms: list[Match], no_blocks: list[Match], ctx: OomContext, eng:
             estimate, details["source"] = int(max_len * v["available_bytes"] / v["needed_bytes"]), "linear estimate"
         grow = v["needed_bytes"] - v["available_bytes"]
     value = str(max(BLOCK, estimate // BLOCK * BLOCK))
+    available = v.get("available_bytes") or eng.kv_cache_bytes
+    if available and (fp8 := _fp8_tokens(ctx, available)) is not None:
+        details.update(fp8)
+        if fp8["fp8_max_tokens"] >= max_len and ctx.kv_cache_dtype in (None, "auto"):
+            details["alternative_fp8"] = "--kv-cache-dtype fp8"
     total = eng.total_gpu_memory_bytes or ctx.gpu_total_bytes
     if grow is not None and total:
         util = math.ceil(((ctx.gpu_memory_utilization or DEFAULT_UTILIZATION) + grow / total) * 100) / 100
@@ -163,6 +169,55 @@ def _kv_too_small(ms: list[Match], no_blocks: list[Match], ctx: OomContext, eng:
                     f"cannot hold one {max_len}-token sequence: lower "
                     f"--max-model-len to {value} or give vLLM more memory.", setting="--max-model-len", value=value,
                     base=base, details=details)
+
+
+def _warmup(ms: list[Match], torch: list[Match], ctx: OomContext, eng: EngineConfig, base: str) -> Finding:
+    """The KV cache was sized, then warming up the sampler (or pooler) with ``requests`` dummy requests
+    (``min(max_num_seqs, max_num_batched_tokens)``) ran out of the memory left outside
+    ``--gpu-memory-utilization``. Fewer sequences shrink that batch; a lower utilization leaves it room."""
+    v = ms[-1].values
+    requests, what = int(v["requests"]), str(v["what"])
+    details: dict[str, Any] = {"warmup": what, "dummy_requests": requests}
+    step = STEP
+    if torch:
+        details.update(_torch_numbers(torch))
+        t = next((m.values for m in reversed(torch) if "requested_bytes" in m.values), {})
+        requested, free, total = t.get("requested_bytes"), t.get("free_bytes"), t.get("total_bytes")
+        if requested and total:  # give the failed allocation (and 1 % more) back to the warm-up
+            step = max(STEP, math.ceil((requested - (free or 0)) / total * 100 + 1) / 100)
+    # The warm-up's logits and sampling buffers grow with the batch: halve it, in multiples of 8 (the
+    # CUDA-graph batch sizes vLLM captures), unless the engine's own --max-num-seqs is already lower.
+    half = min(requests, ctx.max_num_seqs or requests) // 2
+    seqs = half // 8 * 8 if half >= 8 else max(1, half)
+    util = ctx.gpu_memory_utilization or DEFAULT_UTILIZATION
+    lowered = headroom_utilization(util, step)
+    details.update(gpu_memory_utilization=util, gpu_memory_utilization_assumed=ctx.gpu_memory_utilization is None,
+                   alternatives=[f"--gpu-memory-utilization {lowered}"])
+    if eng.kv_cache_bytes:
+        details["kv_cache_gib"] = _gib(eng.kv_cache_bytes)
+    return _finding("gpu-oom-startup-warmup", sorted(ms + torch, key=lambda m: m.lineno),
+                    f"The KV cache fit, but warming up the {what} with {requests} dummy requests ran out of GPU "
+                    f"memory at start-up: lower --max-num-seqs to {seqs} (a smaller warm-up batch), or lower "
+                    f"--gpu-memory-utilization from {util} to {lowered} to leave the warm-up room.",
+                    setting="--max-num-seqs", value=str(seqs), base=base, details=details, labels=_gpu_label(torch))
+
+
+def _fp8_tokens(ctx: OomContext, available: int) -> dict[str, int] | None:
+    """The planner's KV bytes per token and GPU of the context's model (MoE/MLA aware as the
+    planner is), at its KV dtype and in fp8, and the tokens ``available`` bytes hold in fp8;
+    None when the model is no planner model."""
+    try:
+        inp = planner.PlanInput(model=planner.find_model(ctx.model or ""), gpu_memory_bytes=1,
+                                tensor_parallel_size=ctx.tensor_parallel_size or 1,
+                                kv_cache_dtype=ctx.kv_cache_dtype if ctx.kv_cache_dtype in planner.KV_CACHE_DTYPES
+                                else "auto")
+        planner.validate(inp)
+    except DiagnosisError:
+        return None
+    per_tok = planner.kv_bytes_per_token(inp)[1]
+    fp8 = planner.kv_bytes_per_token(replace(inp, kv_cache_dtype="fp8"))[1]
+    return {"kv_bytes_per_token_per_gpu": per_tok, "fp8_kv_bytes_per_token_per_gpu": fp8,
+            "fp8_max_tokens": available // fp8}
 
 
 def _no_blocks(ms: list[Match], ctx: OomContext, base: str) -> Finding:
@@ -333,6 +388,12 @@ def diagnose_oom(lines: Iterable[str] | str, *, context: OomContext | None = Non
         findings.append(_kv_too_small(by["vllm-kv-cache"], no_blocks, ctx, eng, runbook_base))
     elif no_blocks and not blocks_hopeless:
         findings.append(_no_blocks(no_blocks, ctx, runbook_base))
+    if warm := by.get("vllm-warmup-oom", []):  # PyTorch's OOM inside the warm-up is the same failure
+        last = warm[-1].lineno
+        absorbed = [m for m in running if m.values.get("phase") == "warmup" or (
+            m.lineno <= last and m.values.get("phase") != "serving")]  # a serving OOM is an earlier run's
+        running = [m for m in running if m not in absorbed]
+        findings.append(_warmup(warm, absorbed, ctx, eng, runbook_base))
     if running:
         findings.append(_runtime(running, ctx, eng, runbook_base))
     if memcg:

@@ -33,7 +33,11 @@ out, per GPU:
   captured *after* the KV cache is allocated in these versions, so their memory (typically
   0.1–1 GiB) comes out of the ``1 − gpu_memory_utilization`` margin, not the KV cache.
   LMDeploy instead gives ``--cache-max-entry-count`` of the memory *free after the weights
-  load* to KV.
+  load* to KV: TurboMind's ``CreateEngine`` (``src/turbomind/turbomind.cc``) takes
+  ``cudaMemGetInfo``'s free bytes, the minimum over the TP ranks, times the ratio, before the
+  model's own buffers are allocated; those, the activations, come out of the rest. Its
+  quantized KV layout (``src/turbomind/kernels/attention/block.h``) stores per token, head and
+  K/V ``head_dim × bits / 8`` bytes plus a 16-bit scale and zero point (4 B).
 * **capacity** in blocks (vLLM 16 tokens, 64 for MLA on Hopper; LMDeploy 64): the tokens
   are vLLM's "GPU KV cache size", the concurrent full-length sequences ``blocks //`` the
   blocks one sequence holds (its "Maximum concurrency", rounded down).
@@ -71,6 +75,7 @@ __all__ = [
     "batched_tokens",
     "expert_padding_bytes",
     "is_valid",
+    "kv_bytes_per_token",
     "kv_layout",
     "max_model_len_for",
     "memory_numbers",
@@ -240,6 +245,25 @@ def validate(inp: PlanInput) -> None:
         raise DiagnosisError("; ".join(problems))
 
 
+def _kv_bits(inp: PlanInput) -> int:
+    bits = KV_CACHE_DTYPES[inp.kv_cache_dtype]
+    return 32 if bits == 16 and inp.dtype == "float32" else bits
+
+
+def kv_bytes_per_token(inp: PlanInput) -> tuple[int, int]:
+    """``(whole model, one GPU)`` KV-cache bytes per token of ``inp``'s model at its KV dtype,
+    TP and PP (see the module docstring): an MLA latent per layer, unsplit by TP, or K and V per
+    KV head; one GPU's figure is its KV-cache layout's (hybrid groups included). The one place
+    the per-token size is worked out: the planner's capacity and the OOM diagnosis' KV
+    suggestions both read it."""
+    m, bits = inp.model, _kv_bits(inp)
+    if m.is_mla:
+        whole = m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * bits // 8
+    else:
+        whole = 2 * m.num_layers * m.num_key_value_heads * _head_bytes(inp, bits)
+    return whole, kv_layout(inp).token_bytes
+
+
 def memory_numbers(inp: PlanInput) -> MemoryNumbers:
     """The per-GPU numbers of ``inp`` (see the module docstring); ``inp`` must be valid."""
     m = inp.model
@@ -247,12 +271,7 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
     bits = _kv_bits(inp)
     layers_gpu = math.ceil(m.num_layers / pp)
     layout = kv_layout(inp)
-    kv_tok_gpu = layout.token_bytes
-    if m.is_mla:
-        kv_tok = m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * bits // 8
-    else:
-        head_bytes = _head_bytes(inp, bits)
-        kv_tok = 2 * m.num_layers * m.num_key_value_heads * head_bytes
+    kv_tok, kv_tok_gpu = kv_bytes_per_token(inp)
     kv_guide = 2 * m.num_layers * m.hidden_size * bits // 8
     kv_guide_gpu = 2 * layers_gpu * (m.hidden_size // tp) * bits // 8
     weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp)) + expert_padding_bytes(inp)
@@ -276,11 +295,6 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
                          kv_guide_gpu=kv_guide_gpu, overhead=overhead, kv_avail=kv_avail, blocks=blocks,
                          tokens=layout.tokens(blocks), seqs=blocks // per_seq, seqs_guide=blocks_guide // per_seq_guide,
                          weights_fit=weights_fit)
-
-
-def _kv_bits(inp: PlanInput) -> int:
-    bits = KV_CACHE_DTYPES[inp.kv_cache_dtype]
-    return 32 if bits == 16 and inp.dtype == "float32" else bits
 
 
 def _head_bytes(inp: PlanInput, bits: int) -> int:

@@ -32,6 +32,7 @@ from agent.diagnose.plan.memory import (
     activation_bytes,
     batched_tokens,
     is_valid,
+    kv_bytes_per_token,
     kv_layout,
     max_model_len_for,
     memory_numbers,
@@ -55,9 +56,11 @@ __all__ = [
     "activation_bytes",
     "find_model",
     "gpu_memory_bytes",
+    "kv_bytes_per_token",
     "max_model_len_for",
     "plan",
     "utilization_for",
+    "validate",
     "weight_bytes",
 ]
 

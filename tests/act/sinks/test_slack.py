@@ -238,6 +238,16 @@ def test_finding_blocks_layout() -> None:
     assert blocks[-1]["elements"][0]["url"] == "https://example.com/runbooks/diagnosis-gpu-oom-runtime.md"
 
 
+def test_finding_alternatives_follow_the_change() -> None:
+    """A finding's other workable changes (details["alternatives"]) are a context line after the Change field."""
+    finding = {**(finding_note().finding or {}), "details": {"alternatives": ["--max-num-seqs 128: fewer sequences",
+                                                                             "--enable-chunked-prefill"]}}
+    _, blocks = finding_blocks(finding)
+    assert "fields" in blocks[3]
+    assert blocks[4] == {"type": "context", "elements": [
+        {"type": "mrkdwn", "text": "Or: --max-num-seqs 128: fewer sequences; --enable-chunked-prefill"}]}
+
+
 def test_finding_evidence_is_truncated_inside_the_code_block() -> None:
     """Long evidence is cut inside the fences, so the code block still closes."""
     finding = {"kind": "k", "summary": "s", "evidence": ["x" * 100] * 100}

@@ -352,3 +352,54 @@ def test_runbook_per_kind(kind: str) -> None:
     assert all(cmd in diagnosis for cmd in DIAGNOSIS_COMMANDS)
     assert not re.search(r"\b(TODO|TBD|FIXME)\b", text)
     assert not re.search(r"(?<![\w.])/(home|Users|work|tmp)/", text)
+
+
+# -- start-up: the KV cache fit, the sampler warm-up did not ----------------------------------------
+WARMUP = "vllm_v1_sampler_warmup_oom.txt"
+
+
+def test_sampler_warmup_oom_halves_the_warmup_batch() -> None:
+    """'warming up sampler with 1024 dummy requests' (two ranks): --max-num-seqs 1024 // 2 = 512, and
+    --gpu-memory-utilization 0.9 (assumed) - 0.05 = 0.85 as the alternative; the quoted source line
+    (``raise RuntimeError(``) is no evidence."""
+    f = _only(WARMUP)
+    assert (f.kind, f.severity, f.setting, f.suggested_value) == (
+        "gpu-oom-startup-warmup", "critical", "--max-num-seqs", "512")
+    assert f.evidence == [ln for ln in _text(WARMUP).splitlines()[1:] if "RuntimeError: CUDA out of memory" in ln]
+    assert len(f.evidence) == 2
+    assert (f.details["warmup"], f.details["dummy_requests"]) == ("sampler", 1024)
+    assert f.details["alternatives"] == ["--gpu-memory-utilization 0.85"]
+    assert f.summary == ("The KV cache fit, but warming up the sampler with 1024 dummy requests ran out of GPU memory "
+                         "at start-up: lower --max-num-seqs to 512 (a smaller warm-up batch), or lower "
+                         "--gpu-memory-utilization from 0.9 to 0.85 to leave the warm-up room.")
+    assert f.runbook_url == DEFAULT_RUNBOOK_BASE + "diagnosis-gpu-oom-startup-warmup.md"
+
+
+def test_sampler_warmup_uses_the_engines_own_settings() -> None:
+    """With --max-num-seqs 200 and --gpu-memory-utilization 0.95 known: 200 // 2 = 100 -> 96 (a multiple of 8)
+    and 0.95 - 0.05 = 0.90."""
+    f = _only(WARMUP, OomContext(max_num_seqs=200, gpu_memory_utilization=0.95))
+    assert (f.setting, f.suggested_value, f.details["alternatives"]) == (
+        "--max-num-seqs", "96", ["--gpu-memory-utilization 0.90"])
+
+
+def test_pytorch_oom_inside_the_warmup_is_the_same_finding() -> None:
+    """PyTorch's own OOM line raised inside _dummy_sampler_run (the chained cause) joins the warm-up finding
+    instead of making a runtime one: 270 MiB of 21.98 GiB (1.2 %) with 156.94 MiB free keeps the 0.05 step."""
+    frame = ('  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 1292, '
+             "in _dummy_sampler_run")
+    torch_line = _line("torch_cuda_oom_v1_worker.txt", "OutOfMemoryError")
+    (f,) = diagnose_oom([frame, torch_line, *_text(WARMUP).splitlines()[1:]])
+    assert f.kind == "gpu-oom-startup-warmup"
+    assert f.evidence[0] == torch_line and f.details["requested_gib"] == 0.26
+
+
+def test_kv_cache_too_small_reads_the_planners_bytes_per_token() -> None:
+    """A known model gets the planner's KV bytes per token (Llama-3-8B: 2 x 32 layers x 8 KV heads x 128 x 2 B
+    = 131,072; fp8 65,536) and what the 0.71 GiB left would hold in fp8: 762,361,283 // 65,536 = 11,632 tokens,
+    still short of 131,072, so fp8 is not offered."""
+    f = _only("vllm_v1_kv_cache_estimate.txt", OomContext(model="meta-llama/Meta-Llama-3-8B-Instruct"))
+    assert (f.details["kv_bytes_per_token_per_gpu"], f.details["fp8_kv_bytes_per_token_per_gpu"]) == (131072, 65536)
+    assert f.details["fp8_max_tokens"] == round(0.71 * GiB) // 65536
+    assert "alternative_fp8" not in f.details
+    assert f.suggested_value == "5632"  # vLLM's own estimate still sets the value

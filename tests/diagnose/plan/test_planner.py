@@ -350,3 +350,17 @@ def test_finding_kinds_have_runbooks(kind: str) -> None:
     assert headings == ["## Meaning", "## Impact", "## Diagnosis", "## Mitigation"]
     assert "```" in text.split("## Diagnosis", 1)[1]
     assert "sre-agent plan" in text and not re.search(r"\b(TODO|TBD|FIXME)\b", text)
+
+
+def test_lmdeploy_kv8_gives_under_twice_the_tokens_not_the_guides_2_3x() -> None:
+    """The second guide claims KV8 (--quant-policy 8) gives 2.3x the concurrency. TurboMind stores, per token,
+    head and K/V, head_dim x 8 bits plus a 16-bit scale and zero point (src/turbomind/kernels/attention/block.h:
+    token_data_size + token_param_size): 128 + 4 = 132 B against 256 B in fp16, so the same
+    --cache-max-entry-count holds 256 / 132 = 1.94x the tokens, not 2.3x (int4: 256 / 68 = 3.76x)."""
+    spec = find_model("InternLM2-20B")
+    base = PlanInput(spec, A100_80, engine="lmdeploy", block_size=64, tensor_parallel_size=2, max_model_len=4096)
+    fp16, kv8, kv4 = (plan(replace(base, kv_cache_dtype=d)) for d in ("auto", "int8", "int4"))
+    assert (fp16.kv_bytes_per_token, kv8.kv_bytes_per_token) == (2 * 48 * 8 * 256, 2 * 48 * 8 * 132)
+    assert kv8.max_tokens_in_cache / fp16.max_tokens_in_cache == pytest.approx(256 / 132, rel=0.01)
+    assert kv8.max_tokens_in_cache / fp16.max_tokens_in_cache < 2.0  # below 2x, so below the guide's 2.3x
+    assert kv4.max_tokens_in_cache / fp16.max_tokens_in_cache == pytest.approx(256 / 68, rel=0.01)
