@@ -27,14 +27,12 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import aiohttp
 import structlog
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from agent.act import intake
 from agent.act.dispatch import DiagnoseHook, Dispatcher
@@ -45,6 +43,7 @@ from agent.act.scaling import Scaler
 from agent.act.sinks import Sink, registry
 from agent.act.state import StateDB
 from agent.act.state.history import MAX_SILENCE_MS
+from agent.act.telemetry import ActCollector, ActViews, IntakeStats, StateHealth
 from agent.config import Config, parse_duration
 from agent.diagnose.findings import Finding
 from agent.errors import StateError
@@ -62,17 +61,6 @@ def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
 
 
 @dataclass(frozen=True)
-class ActViews:
-    """What /metrics shows of the state database, read on the writer thread after each dispatch
-    round, so that a scrape of /metrics never waits for a commit."""
-
-    outbox_depth: dict[str, int] = field(default_factory=dict)
-    desired_replicas: dict[str, int] = field(default_factory=dict)
-    silences_active: int = 0
-    intake_inbox: int = 0
-
-
-@dataclass(frozen=True)
 class _Held:
     """State work whose write failed, kept in memory until it commits (see the module docstring)."""
 
@@ -81,29 +69,7 @@ class _Held:
     run: Callable[[int], None]  # the work, given the time it runs at
 
 
-@dataclass
-class StateHealth:
-    """How the state database's writes are going, for /readyz, /api/v1/status and /metrics."""
-
-    write_failures: int = 0
-    last_error: str = ""
-    failing_since_ms: int = 0
-    held: int = 0  # evaluations and findings waiting in memory for a write to succeed
-
-
-_INTAKE_OUTCOMES = ("accepted", "duplicate", "own")
 _INTAKE_BATCH = 1000  # inbox transitions processed in one dispatch round
-
-
-@dataclass
-class IntakeStats:
-    """What the Alertmanager webhook received, for /metrics: alerts by outcome, webhooks refused."""
-
-    alerts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_INTAKE_OUTCOMES, 0))
-    rejected: int = 0  # webhooks answered 400
-    unstored: int = 0  # webhooks answered 503: the state database refused the write
-    processed: int = 0  # transitions taken from the inbox
-
 
 
 class WriterRefs:
@@ -449,73 +415,3 @@ def _silence_end_ms(body: dict[str, Any], now_ms: int) -> int:
     if seconds > _MAX_SILENCE_S:
         raise ValueError(f"duration {duration[:64]!r} is longer than the 10 years a silence may last")
     return now_ms + int(seconds * 1000)
-
-
-class ActCollector(Collector):
-    """Notification outcomes per receiver, outbox depth and desired replicas, on /metrics."""
-
-    def __init__(self, act: ActLayer) -> None:
-        self._act = act
-
-    def collect(self) -> Iterator[Metric]:
-        lbl = ["receiver"]
-        sent = CounterMetricFamily("sre_agent_notifications_sent", "Notifications the receiver acknowledged.",
-                                   labels=lbl)
-        failed = CounterMetricFamily("sre_agent_notifications_failed",
-                                     "Notifications given up on (rejected, or older than notify.give_up_after).",
-                                     labels=lbl)
-        retried = CounterMetricFamily("sre_agent_notifications_retried", "Delivery attempts that will be retried.",
-                                      labels=lbl)
-        depth = GaugeMetricFamily("sre_agent_outbox_depth", "Notifications waiting in the outbox.", labels=lbl)
-        d = self._act.dispatcher
-        views = self._act.views
-        queues = set(d.sinks) if d is not None else set()
-        outbox = views.outbox_depth
-        for q in sorted(queues | set(outbox)):
-            if d is not None:
-                sent.add_metric([q], d.stats.sent.get(q, 0))
-                failed.add_metric([q], d.stats.failed.get(q, 0))
-                retried.add_metric([q], d.stats.retried.get(q, 0))
-            depth.add_metric([q], outbox.get(q, 0))
-        desired = GaugeMetricFamily("sre_agent_desired_replicas",
-                                    "Replicas the agent wants per service (for an HPA via prometheus-adapter or KEDA).",
-                                    labels=["service"])
-        for service, n in sorted(views.desired_replicas.items()):
-            desired.add_metric([service], n)
-        actions = CounterMetricFamily("sre_agent_scale_actions",
-                                      "Scale decisions by service, direction (out, in) and outcome (acted, dry_run, "
-                                      "refused by a bound or cooldown).", labels=["service", "direction", "outcome"])
-        for key, n in sorted(self._act.scaler.actions().items()):
-            actions.add_metric(list(key), n)
-        silences = GaugeMetricFamily("sre_agent_silences_active", "Silences in effect now.")
-        silences.add_metric([], views.silences_active)
-        h = self._act.health
-        failures = CounterMetricFamily("sre_agent_state_write_failures",
-                                       "State database writes that failed (disk full, I/O error); the work is held "
-                                       "in memory and retried.")
-        failures.add_metric([], h.write_failures)
-        held = GaugeMetricFamily("sre_agent_state_held_work",
-                                 "Evaluations and findings held in memory until the state database takes them.")
-        held.add_metric([], h.held)
-        yield from (sent, failed, retried, depth, desired, actions, silences, failures, held)
-        yield from self._intake()
-
-    def _intake(self) -> Iterator[Metric]:
-        st = self._act.intake_stats
-        alerts = CounterMetricFamily("sre_agent_intake_alerts",
-                                     "Alerts in Alertmanager webhooks, by outcome: accepted (a new state), duplicate "
-                                     "(a re-send), own (raised by this agent and returned by an Alertmanager).",
-                                     labels=["outcome"])
-        for outcome, n in st.alerts.items():
-            alerts.add_metric([outcome], n)
-        refused = CounterMetricFamily("sre_agent_intake_webhooks_refused",
-                                      "Alertmanager webhooks refused: invalid (answered 400) or unstored (503, the "
-                                      "state database refused the write; Alertmanager retries).", labels=["reason"])
-        refused.add_metric(["invalid"], st.rejected)
-        refused.add_metric(["unstored"], st.unstored)
-        processed = CounterMetricFamily("sre_agent_intake_processed",
-                                        "Alert transitions from Alertmanager webhooks processed.")
-        processed.add_metric([], st.processed)
-        inbox = GaugeMetricFamily("sre_agent_intake_inbox", "Alert transitions accepted and not processed yet.")
-        inbox.add_metric([], self._act.views.intake_inbox)
-        yield from (alerts, refused, processed, inbox)
