@@ -410,6 +410,9 @@ class Agent:
                      max_connections=cfg.server.max_connections)
             for warning in self.server_warnings():
                 log.warning("check the HTTP endpoint settings", problem=warning)
+        if cfg.scrape.shards is not None:
+            log.info("scraping one shard of the targets (Prometheus hashmod of __address__)",
+                     shard=cfg.scrape.shards.index, shards=cfg.scrape.shards.total)
         sched = AsyncIOScheduler()
         first = datetime.now(UTC)  # run immediately, then every interval
         sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval, id="scrape",

@@ -14,6 +14,7 @@ file never empties the fleet.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ from agent.errors import ConfigError
 from agent.gocompat import yamlv3
 from agent.series import labels_get
 
-__all__ = ["FileSD", "TargetSpec", "all_targets", "expand_globs", "instance_of", "parse_file_sd", "static_targets"]
+__all__ = ["FileSD", "TargetSpec", "all_targets", "expand_globs", "hashmod", "instance_of", "parse_file_sd",
+           "static_targets"]
 
 log = structlog.get_logger(__name__)
 
@@ -186,6 +188,13 @@ def parse_file_sd(path: Path, job: str, auth: FileSDConfig | None = None) -> lis
     return specs
 
 
+def hashmod(value: str, modulus: int) -> int:
+    """Prometheus' ``hashmod`` relabel action: the md5 of ``value``, its last 8 bytes as a big-endian
+    integer, modulo ``modulus``, so the agent's shards and a Prometheus' split a fleet identically."""
+    digest = hashlib.md5(value.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[8:], "big") % modulus
+
+
 def all_targets(
     config: Config, file_sd: FileSD | None, *, static: list[TargetSpec] | None = None
 ) -> list[TargetSpec]:
@@ -199,4 +208,8 @@ def all_targets(
         static = static_targets(config.targets)
     for spec in static + (file_sd.refresh() if file_sd else []):
         out.setdefault(spec.url, spec)
-    return list(out.values())
+    shards = config.scrape.shards
+    if shards is None:
+        return list(out.values())
+    # Prometheus hashes __address__ as discovered, before it adds a default port: the URL's host[:port]
+    return [spec for url, spec in out.items() if hashmod(urlsplit(url).netloc, shards.total) == shards.index]

@@ -9,13 +9,15 @@ target from growing the agent's memory without bound.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from agent.config.types import ByteSize, ConfigModel, Duration, check_url, format_duration
 
-__all__ = ["BasicAuthConfig", "Credentials", "FileSDConfig", "ScrapeConfig", "TargetConfig", "check_headers",
-           "check_target_url"]
+__all__ = ["BasicAuthConfig", "Credentials", "FileSDConfig", "ScrapeConfig", "ShardConfig", "TargetConfig",
+           "check_headers", "check_target_url"]
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -109,6 +111,42 @@ class FileSDConfig(Credentials):
     refresh_interval: Duration = 300.0
 
 
+class ShardConfig(ConfigModel):
+    """``scrape.shards``: this agent scrapes the targets whose Prometheus ``hashmod`` of ``__address__``
+    (md5, modulo ``total``) equals its index, so N agents (or N Prometheus servers with the same
+    relabelling) split a fleet the same way. The index is given as ``index`` or read from
+    ``index_env``: a number, or a StatefulSet pod name ending in its ordinal (``sre-agent-shard-2``)."""
+
+    total: int = Field(ge=1, le=10_000)
+    index: int | None = Field(default=None, ge=0)
+    index_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _index_from_env(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or data.get("index_env") is None:
+            return data
+        if data.get("index") is not None:
+            raise ValueError("give index or index_env, not both")
+        name = data["index_env"]
+        environ: Mapping[str, str] = (info.context or {}).get("environ", {})
+        if not isinstance(name, str) or name not in environ:
+            raise ValueError(f"index_env: environment variable {name!r} is not set")
+        m = re.search(r"(\d+)$", environ[name])
+        if m is None:
+            raise ValueError(f"index_env: {name}={environ[name]!r} does not end in a shard number "
+                             "(a number, or a StatefulSet pod name like sre-agent-shard-2)")
+        return {**data, "index": int(m.group(1))}
+
+    @model_validator(mode="after")
+    def _index_below_total(self) -> ShardConfig:
+        if self.index is None:
+            raise ValueError("give index (0 to total - 1) or index_env")
+        if self.index >= self.total:
+            raise ValueError(f"index {self.index} is not below total {self.total}")
+        return self
+
+
 class ScrapeConfig(ConfigModel):
     interval: Duration = 15.0
     timeout: Duration = 10.0
@@ -129,6 +167,7 @@ class ScrapeConfig(ConfigModel):
     # mints tens of thousands of new series every scrape (a request ID or a counter in a label)
     # fails every scrape instead of adding them until retention drops them.
     new_series_limit: int = Field(default=10_000, ge=0, description="series new to the store per target per scrape")
+    shards: ShardConfig | None = None  # None: scrape every target
 
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> ScrapeConfig:
