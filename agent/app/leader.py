@@ -57,16 +57,24 @@ class _TimedLeases:
                                                   _request_timeout=self._timeout)
 
 
+class _Stopped(Exception):
+    """Raised inside the client's loops to end the elector thread once the agent stops."""
+
+
 class _WatermarkLeaseLock(LeaseLock):
     """LeaseLock that reports reads and successful writes to :class:`Leadership` and carries the
     watermark annotation (module docstring)."""
 
-    def __init__(self, name: str, namespace: str, leadership: Leadership, api: _TimedLeases) -> None:
+    def __init__(self, name: str, namespace: str, leadership: Leadership, api: _TimedLeases,
+                 stopping: threading.Event) -> None:
         super().__init__(name, namespace, leadership.identity)
         self.api_instance: Any = api
         self._leadership = leadership
+        self._stopping = stopping
 
     def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        if self._stopping.is_set():  # every round of the client's loops starts with a read
+            raise _Stopped
         found, record = super().get(name, namespace)
         ref: Any = self.lease_reference
         if found and ref is not None:
@@ -116,8 +124,9 @@ class LeaseElector:
                  renew_deadline_s=lease.renew_deadline, retry_period_s=lease.retry_period)
 
     def stop(self) -> None:
-        """Stop taking part. The thread sleeps in the client's loops and is left to die with the process
-        (a daemon thread); the flag clears now, so nothing direct is sent after this."""
+        """Stop taking part: the flag clears now (nothing direct is sent after this) and the thread ends at
+        its next read of the lease, within ``retry_period``. The lease is not released: it expires, and the
+        other replica takes it ``lease_duration`` later (a restart under the same identity renews at once)."""
         self._stopping.set()
         self._leadership.lost()
 
@@ -134,12 +143,14 @@ class LeaseElector:
         lease = self._ha.lease
         while not self._stopping.is_set():
             try:
-                lock = _WatermarkLeaseLock(lease.name, lease.namespace, self._leadership, self._api())
+                lock = _WatermarkLeaseLock(lease.name, lease.namespace, self._leadership, self._api(), self._stopping)
                 election = leaderelection.LeaderElection(electionconfig.Config(
                     lock, lease_duration=int(lease.lease_duration), renew_deadline=int(lease.renew_deadline),
                     retry_period=int(lease.retry_period), onstarted_leading=_nothing,
                     onstopped_leading=self._leadership.lost))
                 election.run()  # returns when leadership is lost
+            except _Stopped:
+                return
             except Exception as exc:  # a broken kubeconfig, an API error the client does not handle: retry
                 self._leadership.lost()
                 log.error("leader election failed; retrying", error=repr(exc), retry_in_s=lease.retry_period)
