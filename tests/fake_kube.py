@@ -48,7 +48,7 @@ class LeaseWrite:
 
 @dataclass
 class FakeKube:
-    token: str = "fake-service-account-token"  # noqa: S105 (a test credential)
+    token: str = "fake-service-account-token"
     port: int = 0
     leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     writes: list[LeaseWrite] = field(default_factory=list)

@@ -74,7 +74,7 @@ async def _sent(agent: AgentProcess, receiver: str) -> float:
 
 
 async def test_kill_leader_while_a_receiver_is_down_loses_nothing(
-        tmp_path: Path, agents: Agents, target: MetricsTarget, hook: Receiver, slack: FakeSlack,
+        tmp_path: Path, agents: Agents, target: MetricsTarget, hook: Receiver, *, slack: FakeSlack,
         kube: FakeKube) -> None:
     """Firing: one Slack message and one webhook firing, from the leader only. Then the webhook goes
     down, the alert resolves, the leader is killed: the follower takes over within lease_duration + 2 x
@@ -155,7 +155,10 @@ async def test_alertmanager_only_pair_sends_identical_alerts_and_labels_what_it_
     async with VictoriaMetrics(tmp_path / "vm") as vm:
         receivers = [{"name": "am", "alertmanager": {"urls": [alertmanager.url]}}]
         extra = {"remote_write": [{"url": vm.write_url, "write": ["alerts"]}]}
-        configs = [_replica(tmp_path, name, {"mode": "alertmanager_only"}, target=target.url, receivers=receivers)
+        # the target's series carry replica="a" already, and a series' own label wins over an external one
+        # (Prometheus' rule): the pair's label is named agent_replica here
+        ha = {"mode": "alertmanager_only", "replica_label": "agent_replica"}
+        configs = [_replica(tmp_path, name, ha, target=target.url, receivers=receivers)
                    for name in ("a", "b")]
         for path in configs:
             config = json.loads(path.read_text())
@@ -169,7 +172,7 @@ async def test_alertmanager_only_pair_sends_identical_alerts_and_labels_what_it_
         await wait_for(both_posted, what="both replicas posting the firing alert")
         held = [a for a in await alertmanager.alerts() if a["labels"].get("alertname") == ALERT]
         assert len(held) == 1, held
-        assert "replica" not in held[0]["labels"]
+        assert "agent_replica" not in held[0]["labels"]
         await alertmanager.wait_webhook(lambda p: p["status"] == "firing", what="Alertmanager's notification")
 
         async def written() -> list[dict[str, Any]]:
@@ -177,8 +180,8 @@ async def test_alertmanager_only_pair_sends_identical_alerts_and_labels_what_it_
                                     until=lambda r: len(r) == 2)
 
         series = await wait_for(written, what="both replicas' ALERTS in VictoriaMetrics")
-        assert sorted(s["metric"]["replica"] for s in series) == ["a", "b"]
-        labels = [{k: v for k, v in s["metric"].items() if k != "replica"} for s in series]
+        assert sorted(s["metric"]["agent_replica"] for s in series) == ["a", "b"]
+        labels = [{k: v for k, v in s["metric"].items() if k != "agent_replica"} for s in series]
         assert labels[0] == labels[1]
         await e2e.quiet(replicas[0])
         firing_notifications = [p for p in alertmanager.webhooks() if p["status"] == "firing"]
