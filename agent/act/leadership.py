@@ -2,8 +2,9 @@
 
 Both replicas queue every notification in their own outbox. Items for a *direct* receiver (Slack,
 a webhook: nothing downstream de-duplicates them) are sent only while this replica is the leader;
-a follower keeps them *held*. The leader publishes a *watermark* W: every direct item it created at
-or before W has been handled (acknowledged or given up). A follower settles its held items created
+a follower keeps them *held*. The leader publishes a *watermark* W per direct receiver queue: every
+item of that queue it created at or before W has been handled (acknowledged or given up); one per
+queue, so a receiver that is down holds back only its own watermark. A follower settles its held items created
 at or before ``W - margin`` (its twin of such an item was created at most ``margin`` later, so the
 leader handled it) and keeps the rest; when it becomes leader it sends what it still holds. So a
 takeover loses nothing, and what the new leader sends twice is bounded by the notifications
@@ -63,8 +64,8 @@ class Leadership:
         self._valid_until = float("-inf")  # monotonic seconds
         self._was_leader = False
         self._holder: str | None = None
-        self._observed_ms: int | None = None  # the leader's watermark, as this replica last read it
-        self._published_ms: int | None = None  # this replica's watermark, to write on its next renew
+        self._observed: dict[str, int] = {}  # the leader's watermarks per queue, as this replica last read them
+        self._published: dict[str, int] = {}  # this replica's watermarks, to write on its next renew
         self.transitions = 0
 
     # -- the elector's side (its own thread) ----------------------------------------------------
@@ -83,19 +84,19 @@ class Leadership:
                 self._holder = None
         self._transition()
 
-    def observed(self, holder: str | None, watermark_ms: int | None) -> None:
-        """What the lease said when it was read: its holder and the watermark that holder published."""
+    def observed(self, holder: str | None, watermarks: dict[str, int] | None) -> None:
+        """What the lease said when it was read: its holder and the watermarks that holder published."""
         with self._lock:
             if holder != self.identity:
                 self._holder = holder
-                if watermark_ms is not None:
-                    self._observed_ms = watermark_ms
+                if watermarks is not None:
+                    self._observed = dict(watermarks)
         self._transition()
 
-    def to_publish(self) -> int | None:
-        """The watermark to write on the lease at the next renew (None: none computed yet)."""
+    def to_publish(self) -> dict[str, int]:
+        """The watermarks to write on the lease at the next renew (empty: none computed yet)."""
         with self._lock:
-            return self._published_ms
+            return dict(self._published)
 
     # -- the outbox's side (the event loop) ------------------------------------------------------
     def is_leader(self) -> bool:
@@ -106,14 +107,14 @@ class Leadership:
             self._transition()
         return leading
 
-    def publish(self, watermark_ms: int) -> None:
+    def publish(self, watermarks: dict[str, int]) -> None:
         with self._lock:
-            self._published_ms = watermark_ms
+            self._published = dict(watermarks)
 
-    def watermark_ms(self) -> int | None:
-        """The leader's watermark as last read from the lease (None: none read yet)."""
+    def watermarks(self) -> dict[str, int]:
+        """The leader's watermarks per queue as last read from the lease (empty: none read yet)."""
         with self._lock:
-            return self._observed_ms
+            return dict(self._observed)
 
     @property
     def holder(self) -> str | None:

@@ -123,22 +123,24 @@ class OutboxDelivery:
         return lead is not None and item.receiver in lead.queues and not lead.is_leader()
 
     def _handover(self, lead: Leadership, now_ms: int) -> None:
-        """On the state thread. Leader: publish the watermark (everything direct it created before its
-        oldest undelivered direct item, or before now, is handled). Follower: settle held items at or
-        below the leader's watermark less the margin (module docstring of :mod:`agent.act.leadership`)."""
+        """On the state thread. Leader: publish each direct queue's watermark (everything of the queue it
+        created before its oldest undelivered item there, or before now, is handled). Follower: settle held
+        items at or below the leader's watermark less the margin (module docstring of
+        :mod:`agent.act.leadership`)."""
         if lead.is_leader():
             oldest = self._db.outbox.oldest_created(lead.queues)
-            lead.publish(now_ms - 1 if oldest is None else min(oldest, now_ms) - 1)
+            lead.publish({q: min(oldest.get(q, now_ms), now_ms) - 1 for q in lead.queues})
             return
-        watermark = lead.watermark_ms()
-        if watermark is None:
-            return
-        settled = self._db.outbox.settle_through(lead.queues, created_ms=watermark - lead.margin_ms,
-                                                 now_ms=now_ms, keep=set(self._sending.values()))
-        for receiver, n in settled.items():
-            self.stats.settled[receiver] = self.stats.settled.get(receiver, 0) + n
-            log.info("held notifications settled: the leader delivered them", receiver=receiver, items=n,
-                     watermark_ms=watermark, leader=lead.holder)
+        watermarks = lead.watermarks()
+        for receiver, watermark in sorted(watermarks.items()):
+            if receiver not in lead.queues:
+                continue
+            n = self._db.outbox.settle_through(receiver, created_ms=watermark - lead.margin_ms, now_ms=now_ms,
+                                               keep=self._sending.get(receiver))
+            if n:
+                self.stats.settled[receiver] = self.stats.settled.get(receiver, 0) + n
+                log.info("held notifications settled: the leader delivered them", receiver=receiver, items=n,
+                         watermark_ms=watermark, leader=lead.holder)
 
     def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(receiver, None)

@@ -9,8 +9,9 @@ through :class:`~agent.act.leadership.Leadership`, whose state is behind a lock 
 flag expires by itself ``renew_deadline`` after the last successful renew.
 
 Two things are added to the client's lock here (:class:`_WatermarkLeaseLock`): the leader writes
-its delivered-through watermark into an annotation of the Lease it renews anyway, and every read of
-the lease tells the ``Leadership`` who holds it and what watermark that holder published; and every
+its delivered-through watermarks (one per direct receiver) into an annotation of the Lease it renews
+anyway, and every read of the lease tells the ``Leadership`` who holds it and what watermarks that
+holder published; and every
 API call gets a timeout (the client has none by default, and a hung call must not outlive the
 renew deadline). ``LeaderElection.run()`` returns once leadership is lost; the thread starts a new
 election then, so the replica becomes a candidate again.
@@ -18,6 +19,7 @@ election then, so the replica becomes a candidate again.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -35,7 +37,7 @@ __all__ = ["WATERMARK_ANNOTATION", "LeaseElector"]
 
 log = structlog.get_logger(__name__)
 
-#: The Lease annotation holding the leader's watermark (Unix milliseconds).
+#: The Lease annotation holding the leader's watermarks: a JSON object, direct queue -> Unix milliseconds.
 WATERMARK_ANNOTATION = "sre-agent.io/delivered-through-ms"
 
 
@@ -79,9 +81,7 @@ class _WatermarkLeaseLock(LeaseLock):
         ref: Any = self.lease_reference
         if found and ref is not None:
             annotations = (ref.metadata.annotations or {}) if ref.metadata is not None else {}
-            raw = annotations.get(WATERMARK_ANNOTATION)
-            watermark = int(raw) if isinstance(raw, str) and raw.isdigit() else None
-            self._leadership.observed(record.holder_identity, watermark)
+            self._leadership.observed(record.holder_identity, _watermarks(annotations.get(WATERMARK_ANNOTATION)))
         return found, record
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
@@ -92,15 +92,30 @@ class _WatermarkLeaseLock(LeaseLock):
 
     def update(self, name: str, namespace: str, updated_record: Any) -> bool:
         ref: Any = self.lease_reference
-        watermark = self._leadership.to_publish()
-        if ref is not None and watermark is not None:
+        watermarks = self._leadership.to_publish()
+        if ref is not None and watermarks:
             if ref.metadata is None:
                 ref.metadata = k8s.V1ObjectMeta()
-            ref.metadata.annotations = {**(ref.metadata.annotations or {}), WATERMARK_ANNOTATION: str(watermark)}
+            value = json.dumps(watermarks, sort_keys=True, separators=(",", ":"))
+            ref.metadata.annotations = {**(ref.metadata.annotations or {}), WATERMARK_ANNOTATION: value}
         ok = bool(super().update(name, namespace, updated_record))
         if ok:
             self._leadership.acquired()
         return ok
+
+
+def _watermarks(raw: object) -> dict[str, int] | None:
+    """The annotation's JSON object of queue -> Unix ms; None if absent or not that shape (another
+    writer's annotation is ignored, never trusted in part)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and type(v) is int for k, v in data.items()):
+        return None
+    return data
 
 
 class LeaseElector:

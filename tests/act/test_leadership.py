@@ -50,6 +50,7 @@ async def hook() -> AsyncIterator[RecordingServer]:
 def _config(hook: RecordingServer, am_url: str = "http://127.0.0.1:9") -> Config:
     return Config.model_validate({
         "receivers": [{"name": "hook", "webhook": {"url": hook.url("/hook"), "timeout": "2s"}},
+                      {"name": "other", "webhook": {"url": hook.url("/other"), "timeout": "2s"}},
                       {"name": "am", "alertmanager": {"urls": [am_url]}},
                       {"name": "console", "console": {}}],
         "route": {"receiver": "hook"}, "actions": [],
@@ -57,10 +58,10 @@ def _config(hook: RecordingServer, am_url: str = "http://127.0.0.1:9") -> Config
     })
 
 
-def _note(n: int, created_ms: int) -> Notification:
+def _note(n: int, created_ms: int, receiver: str = "hook") -> Notification:
     alert = AlertSnapshot(labels={"alertname": f"A{n}"}, annotations={}, status="firing", starts_at_ms=created_ms)
-    return Notification(key=f"hook:{n}", receiver=receiver_queue("hook"), kind="alerts", created_ms=created_ms,
-                        status="firing", alerts=(alert,))
+    return Notification(key=f"{receiver}:{n}", receiver=receiver_queue(receiver), kind="alerts",
+                        created_ms=created_ms, status="firing", alerts=(alert,))
 
 
 class Rig:
@@ -92,7 +93,7 @@ def _sent(hook: RecordingServer) -> list[str]:
 
 def test_direct_queues_are_slack_and_webhooks_only(hook: RecordingServer) -> None:
     """Alertmanager (de-duplicates) and console (the replica's own output) receivers are not held."""
-    assert direct_queues(_config(hook)) == {"hook"}
+    assert direct_queues(_config(hook)) == {"hook", "other"}
 
 
 async def test_follower_holds_direct_items(rig: Rig, hook: RecordingServer) -> None:
@@ -112,7 +113,7 @@ async def test_follower_settles_what_the_watermark_covers_and_sends_the_rest_as_
     for n, created in enumerate([watermark - margin_ms - 1, watermark - margin_ms, watermark - margin_ms + 1,
                                  watermark + 5_000]):
         rig.db.outbox.enqueue(_note(n, created), now_ms=created)
-    rig.lead.observed("other", watermark)
+    rig.lead.observed("other", {"hook": watermark})
     await rig.round()
     assert hook.posts() == []
     assert rig.pending() == ["hook:2", "hook:3"]
@@ -123,20 +124,25 @@ async def test_follower_settles_what_the_watermark_covers_and_sends_the_rest_as_
     assert rig.pending() == []
     # as leader it publishes its watermark at the start of each round: just below the oldest item it
     # still had to send, then (nothing direct left) everything up to now
-    assert rig.lead.to_publish() == watermark - margin_ms
+    assert rig.lead.to_publish() == {"hook": watermark - margin_ms, "other": T0_MS + 60_000 - 1}
     await rig.round()
-    assert rig.lead.to_publish() == T0_MS + 60_000 - 1
+    assert rig.lead.to_publish() == {"hook": T0_MS + 60_000 - 1, "other": T0_MS + 60_000 - 1}
 
 
-async def test_leader_watermark_stops_below_its_oldest_undelivered_item(
+async def test_leader_watermark_stops_below_its_oldest_undelivered_item_of_that_receiver_only(
         rig: Rig, hook: RecordingServer) -> None:
-    """A receiver that is down holds the leader's watermark just below the item it is stuck on."""
-    hook.status = 503
+    """A receiver that is down holds its own watermark just below the item it is stuck on; the other
+    receiver's goes on (one watermark per queue)."""
+    async def answer(request: web.Request, body: bytes) -> web.StreamResponse:
+        return web.Response(status=503 if request.path == "/hook" else 200)
+
+    hook.responder = answer
     rig.lead.acquired()
     rig.db.outbox.enqueue(_note(1, T0_MS + 5_000), now_ms=T0_MS + 5_000)
+    rig.db.outbox.enqueue(_note(2, T0_MS + 6_000, "other"), now_ms=T0_MS + 6_000)
     await rig.round()
     await rig.round()  # the watermark is computed at the start of a round, from what is still queued
-    assert rig.lead.to_publish() == T0_MS + 5_000 - 1
+    assert rig.lead.to_publish() == {"hook": T0_MS + 5_000 - 1, "other": T0_MS + 60_000 - 1}
     assert rig.pending() == ["hook:1"]
 
 
@@ -186,7 +192,7 @@ def test_leader_flag_expires_exactly_at_the_renew_deadline() -> None:
 def test_own_watermark_is_not_taken_as_the_leaders() -> None:
     """A lease read that shows this replica as holder does not move the observed watermark."""
     lead = Leadership("me", renew_deadline_s=RENEW_DEADLINE_S, margin_s=0, queues=())
-    lead.observed("other", 5)
-    lead.observed("me", 9)
-    assert lead.watermark_ms() == 5
+    lead.observed("other", {"hook": 5})
+    lead.observed("me", {"hook": 9})
+    assert lead.watermarks() == {"hook": 5}
     assert lead.holder == "other"

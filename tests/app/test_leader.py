@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.act.leadership import Leadership
-from agent.app.leader import WATERMARK_ANNOTATION, LeaseElector
+from agent.app.leader import WATERMARK_ANNOTATION, LeaseElector, _watermarks
 from agent.config import HaConfig, load_config
 from tests.alertmanager import eventually
 from tests.fake_kube import FakeKube, running_fake_kube
@@ -54,13 +54,13 @@ async def test_two_contend_one_leads_and_the_watermark_reaches_the_follower(tmp_
         leader = await eventually(one_leader, what="a leader")
         follower = b if leader is a else a
         assert kube.holder() == leader.lead.identity
-        leader.lead.publish(12345)
+        leader.lead.publish({"hook": 12345})
 
         async def follower_saw() -> bool | None:
-            return True if follower.lead.watermark_ms() == 12345 else None
+            return True if follower.lead.watermarks() == {"hook": 12345} else None
 
         await eventually(follower_saw, what="the watermark read by the follower")
-        assert any(w.annotations.get(WATERMARK_ANNOTATION) == "12345" for w in kube.writes)
+        assert any(w.annotations.get(WATERMARK_ANNOTATION) == '{"hook":12345}' for w in kube.writes)
         deadline = time.monotonic() + LEASE_S + 2 * RETRY_S  # longer than a lease: the follower stays one
         while time.monotonic() < deadline:
             assert not follower.lead.is_leader()
@@ -95,3 +95,13 @@ async def test_api_outage_ends_leadership_within_the_renew_deadline(tmp_path: Pa
         await eventually(leading, what="leadership taken again")
     finally:
         a.elector.stop()
+
+
+@pytest.mark.parametrize("raw", [None, "", "12", "[1]", '{"hook": "12"}', '{"hook": 1.5}', '{"hook": true}', "{"])
+def test_a_watermark_annotation_of_another_shape_is_ignored(raw: object) -> None:
+    """Only a JSON object of queue -> integer milliseconds is taken; anything else is as if absent."""
+    assert _watermarks(raw) is None
+
+
+def test_the_watermark_annotation_is_read() -> None:
+    assert _watermarks('{"hook":12,"slack":13}') == {"hook": 12, "slack": 13}
