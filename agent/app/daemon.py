@@ -31,7 +31,7 @@ from apscheduler.triggers.cron import CronTrigger
 from agent.act import ActCollector, ActLayer
 from agent.act.remote_write import RemoteWrite, RemoteWriteCollector, Sample
 from agent.app.connections import AcceptErrorLog
-from agent.app.ha import Elector, LeaderCollector, leadership_for, start_elector
+from agent.app.ha import Elector, LeaderCollector, ha_status, leadership_for, start_elector
 from agent.app.recording import RecordingPlacement
 from agent.app.server import (
     BACKLOG,
@@ -140,7 +140,8 @@ class Agent:
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
-        self.leadership = leadership_for(config)  # HA (docs/ha.md): None unless ha.mode is kubernetes
+        longest = max((g.interval_s for g in self.rules.groups), default=rc.evaluation_interval)
+        self.leadership = leadership_for(config, longest_interval_s=longest)  # HA (docs/ha.md): kubernetes mode
         self._elector: Elector | None = None
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream, leadership=self.leadership)
         history = RemoteHistory(config.source) if config.source.remote else None
@@ -240,6 +241,7 @@ class Agent:
             "file_sd_errors": self.file_sd.errors() if self.file_sd else {},
             "scrape_cycles": self.stats.scrape_cycles,
             "state": self._state_json(),
+            "ha": ha_status(self.config, self.leadership),
             "server": server_status(self.config.server, self.http_guard) | {"warnings": self.server_warnings()},
         }
 

@@ -7,7 +7,7 @@ the kubernetes client (about half a second at start-up, and nothing it needs).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from agent.act.leadership import Leadership, direct_queues
 from agent.config import Config
 
-__all__ = ["Elector", "LeaderCollector", "leadership_for", "start_elector"]
+__all__ = ["Elector", "LeaderCollector", "ha_status", "leadership_for", "start_elector"]
 
 
 class Elector(Protocol):
@@ -23,13 +23,14 @@ class Elector(Protocol):
     def stop(self) -> None: ...
 
 
-def leadership_for(config: Config) -> Leadership | None:
+def leadership_for(config: Config, *, longest_interval_s: float) -> Leadership | None:
     """A :class:`Leadership` in ``kubernetes`` mode; None otherwise (every replica sends everything:
-    ``none`` has one replica, ``alertmanager_only`` has no direct receivers)."""
+    ``none`` has one replica, ``alertmanager_only`` has no direct receivers). ``longest_interval_s``: the
+    longest rule-group interval, by which the replicas' evaluations (and so their notifications) may differ."""
     ha = config.ha
     if ha.mode != "kubernetes":
         return None
-    margin = ha.margin_s(config.rules.evaluation_interval, config.notify.dispatch_interval)
+    margin = ha.margin_s(longest_interval_s, config.notify.dispatch_interval)
     return Leadership(str(ha.identity), renew_deadline_s=ha.lease.renew_deadline, margin_s=margin,
                       queues=direct_queues(config))
 
@@ -41,6 +42,17 @@ def start_elector(config: Config, leadership: Leadership) -> Elector:
     elector = LeaseElector(config.ha, leadership)
     elector.start()
     return elector
+
+
+def ha_status(config: Config, leadership: Leadership | None) -> dict[str, Any]:
+    """``/api/v1/status``'s ``ha``: the mode, this replica, and in kubernetes mode who leads."""
+    ha = config.ha
+    out: dict[str, Any] = {"mode": ha.mode, "identity": ha.identity, "replica_labels": ha.replica_labels()}
+    if leadership is not None:
+        out |= {"leader": leadership.is_leader(), "holder": leadership.holder,
+                "direct_queues": sorted(leadership.queues), "watermarks_seen": leadership.watermarks(),
+                "margin_s": leadership.margin_ms / 1000}
+    return out
 
 
 class LeaderCollector(Collector):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationInfo, field_validator, model_validator
@@ -77,6 +78,13 @@ class LeaseConfig(ConfigModel):
             raise ValueError(f"{v!r} is not a Kubernetes object name (lower-case DNS subdomain)")
         return v
 
+    @field_validator("kubeconfig")
+    @classmethod
+    def _readable(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"kubeconfig: no such file {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _timings(self) -> LeaseConfig:
         for name in ("lease_duration", "renew_deadline", "retry_period"):
@@ -96,7 +104,7 @@ class HaConfig(ConfigModel):
     """See the module docstring. ``replica_label``/``replica``: the label that tells the two replicas'
     remote-written series apart (Prometheus' HA-pair convention); never put on alerts.
     ``watermark_margin``: how far apart the two replicas' notifications for the same alert may be
-    created (default: ``rules.evaluation_interval + notify.dispatch_interval``, see docs/ha.md)."""
+    created (default: the longest rule-group interval + ``notify.dispatch_interval``, see docs/ha.md)."""
 
     mode: Literal["none", "kubernetes", "alertmanager_only"] = "none"
     identity: str | None = None
@@ -137,10 +145,10 @@ class HaConfig(ConfigModel):
         """The label remote-written series carry in HA (nothing without HA)."""
         return {self.replica_label: str(self.replica)} if self.enabled else {}
 
-    def margin_s(self, evaluation_interval_s: float, dispatch_interval_s: float) -> float:
+    def margin_s(self, longest_interval_s: float, dispatch_interval_s: float) -> float:
         if self.watermark_margin is not None:
             return self.watermark_margin
-        return evaluation_interval_s + dispatch_interval_s
+        return longest_interval_s + dispatch_interval_s
 
 
 def direct_receivers_refused(mode: str, receivers: list[tuple[str, str]]) -> str | None:

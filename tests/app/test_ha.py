@@ -101,6 +101,9 @@ async def test_kill_leader_while_a_receiver_is_down_loses_nothing(
     await wait_for(fired_and_settled, what="firing delivered by the leader, settled on the follower")
     assert len(hook.accepted_with("firing")) == 1 and len(slack.in_channel(CHANNEL)) == 1
     assert await _sent(follower, "hook") == 0 and await _sent(follower, "slack") == 0
+    ha = (await follower.api("status"))["ha"]
+    assert (ha["leader"], ha["holder"]) == (False, leader.config.parent.name)
+    assert set(ha["watermarks_seen"]) == {"hook", "slack"}
 
     await hook.stop()  # the webhook goes down; the resolve queues behind it on both replicas
     target.set(0)

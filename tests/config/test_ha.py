@@ -54,6 +54,7 @@ def test_unset_environment_variable_is_named(tmp_path: Any) -> None:
     ({"renew_deadline": "2s", "retry_period": "2s"}, "renew_deadline must be longer than 1.2 x retry_period"),
     ({"retry_period": "500ms"}, "retry_period: whole seconds, at least 1s (got 500ms)"),
     ({"name": "Not_A_Name"}, "is not a Kubernetes object name"),
+    ({"kubeconfig": "/nonexistent/kubeconfig"}, "kubeconfig: no such file '/nonexistent/kubeconfig'"),
 ])
 def test_lease_timings_the_client_would_exit_on_are_refused(tmp_path: Any, lease: dict[str, str],
                                                             wanted: str) -> None:
