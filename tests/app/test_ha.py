@@ -73,12 +73,15 @@ async def _sent(agent: AgentProcess, receiver: str) -> float:
     return await agent.metric("sre_agent_notifications_sent_total", receiver=receiver) or 0.0
 
 
+@pytest.mark.parametrize("settled", [False, True], ids=["kill-at-once", "kill-after-settling"])
 async def test_kill_leader_while_a_receiver_is_down_loses_nothing(
         tmp_path: Path, agents: Agents, target: MetricsTarget, hook: Receiver, *, slack: FakeSlack,
-        kube: FakeKube) -> None:
+        kube: FakeKube, settled: bool) -> None:
     """Firing: one Slack message and one webhook firing, from the leader only. Then the webhook goes
     down, the alert resolves, the leader is killed: the follower takes over within lease_duration + 2 x
-    retry_period and delivers the resolve once the webhook is back."""
+    retry_period and delivers the resolve once the webhook is back. Killed right after Slack got the
+    resolve, the new leader may send it again (the at-least-once window); killed once the follower has
+    settled it (the leader's Slack watermark passed it, while the webhook's is held back), never."""
     token = tmp_path / "slack-token"
     token.write_text(slack.token)
     receivers = [{"name": "hook", "webhook": {"url": hook.url("/hook"), "timeout": "2s"}},
@@ -113,6 +116,12 @@ async def test_kill_leader_while_a_receiver_is_down_loses_nothing(
         return retried >= 1 and any("[RESOLVED]" in m.header() for m in slack.messages)
 
     await wait_for(resolve_stuck, what="the leader retrying the resolve to the webhook; Slack updated")
+    if settled:
+        async def slack_settled() -> bool:
+            return (await follower.metric("sre_agent_outbox_depth", receiver="slack") == 0
+                    and await follower.metric("sre_agent_outbox_depth", receiver="hook") == 1)
+
+        await wait_for(slack_settled, what="the follower's Slack resolve settled, its webhook resolve held")
     killed_at = leader.kill()
     took_over = await wait_for(lambda: _became_leader(follower, after=killed_at),
                                what="the follower taking over", timeout=LEASE_S + 4 * RETRY_S + 10)
@@ -130,10 +139,13 @@ async def test_kill_leader_while_a_receiver_is_down_loses_nothing(
     # one message and one update were due; the new leader has no message ref for the old leader's message,
     # so a resend of the resolve is a new message (a duplicate), never a lost one
     duplicates = {"webhook": firing + resolves - 2, "slack": posts + updates - 2}
-    print(f"HA takeover after kill -9: {takeover_s:.1f}s; duplicates {duplicates}; "
+    print(f"HA takeover after kill -9 ({'after settling' if settled else 'at once'}): {takeover_s:.1f}s; "
+          f"duplicates {duplicates}; "
           f"lease conflicts {kube.conflicts}")
     assert firing >= 1 and resolves >= 1  # nothing lost
     assert firing == 1  # settled before the kill: exactly once
+    if settled:
+        assert duplicates == {"webhook": 0, "slack": 0}
     assert takeover_s <= LEASE_S + 2 * RETRY_S + 1.5, takeover_s
     assert kube.holder() == follower.config.parent.name
 
