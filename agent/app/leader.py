@@ -39,6 +39,7 @@ log = structlog.get_logger(__name__)
 
 #: The Lease annotation holding the leader's watermarks: a JSON object, direct queue -> Unix milliseconds.
 WATERMARK_ANNOTATION = "sre-agent.io/delivered-through-ms"
+_LOG_EVERY = 30  # while the API stays unreachable, one error line per this many failed attempts
 
 
 class _TimedLeases:
@@ -156,6 +157,7 @@ class LeaseElector:
 
     def _run(self) -> None:
         lease = self._ha.lease
+        failures = 0
         while not self._stopping.is_set():
             try:
                 lock = _WatermarkLeaseLock(lease.name, lease.namespace, self._leadership, self._api(), self._stopping)
@@ -166,10 +168,15 @@ class LeaseElector:
                 election.run()  # returns when leadership is lost
             except _Stopped:
                 return
-            except Exception as exc:  # a broken kubeconfig, an API error the client does not handle: retry
+            except Exception as exc:  # the API unreachable, a broken kubeconfig: follower until it works
                 self._leadership.lost()
-                log.error("leader election failed; retrying", error=repr(exc), retry_in_s=lease.retry_period)
+                failures += 1
+                (log.error if failures % _LOG_EVERY == 1 else log.debug)(
+                    "leader election failed; retrying as a follower (direct receivers held)", error=repr(exc),
+                    failures=failures, retry_in_s=lease.retry_period)
                 self._stopping.wait(lease.retry_period)
+                continue
+            failures = 0
 
 
 def _nothing() -> None:

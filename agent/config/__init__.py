@@ -220,7 +220,7 @@ class Config(ConfigModel):
     scaling: ScalingConfig = ScalingConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
-    ha: HaConfig = HaConfig()
+    ha: HaConfig = Field(default_factory=HaConfig)  # a factory: the default identity is looked up at load, not import
 
     @model_validator(mode="before")
     @classmethod
