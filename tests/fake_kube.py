@@ -7,8 +7,9 @@ There is no cluster here; what the HA tests need from one is what the kubernetes
   ``Status`` (the elector creates the lease only on a clean 404);
 * ``POST   /apis/coordination.k8s.io/v1/namespaces/{ns}/leases``: 201, or 409 ``AlreadyExists``;
 * ``PUT    /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}``: optimistic concurrency on
-  ``metadata.resourceVersion``: a stale or missing one is 409 ``Conflict`` (two replicas taking an
-  expired lease at once: one wins), a match stores the body and bumps the version;
+  ``metadata.resourceVersion``: a stale one is 409 ``Conflict`` (two replicas taking an expired
+  lease at once: one wins), a missing one 422 ``Invalid``, a match stores the body and bumps the
+  version;
 * ``Authorization: Bearer <token>`` is required (401 otherwise), as with a service-account token.
 
 :meth:`FakeKube.kubeconfig` writes a kubeconfig file pointing at it (what ``ha.lease.kubeconfig``
@@ -124,6 +125,9 @@ class FakeKube:
         if current is None:
             return _status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
         sent = (body.get("metadata") or {}).get("resourceVersion")
+        if not sent:  # the Lease strategy allows no unconditional update (the API server's store.go)
+            return _status(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: metadata.resourceVersion: '
+                                           "Invalid value: 0x0: must be specified for an update")
         if sent != current["metadata"]["resourceVersion"]:
             self.conflicts += 1
             return _status(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agent.act.leadership import Leadership
@@ -105,3 +106,27 @@ def test_a_watermark_annotation_of_another_shape_is_ignored(raw: object) -> None
 
 def test_the_watermark_annotation_is_read() -> None:
     assert _watermarks('{"hook":12,"slack":13}') == {"hook": 12, "slack": 13}
+
+
+async def test_fake_lease_api_refuses_a_stale_resource_version(kube: FakeKube) -> None:
+    """The stand-in's optimistic concurrency, as the elector meets it: the second writer of one version
+    gets 409, a write without a version 422."""
+    headers = {"Authorization": f"Bearer {kube.token}"}
+    base = f"{kube.url}/apis/coordination.k8s.io/v1/namespaces/default/leases"
+    async with aiohttp.ClientSession(headers=headers) as s:
+        async with s.get(f"{base}/x") as r:
+            assert r.status == 404 and (await r.json())["code"] == 404
+        async with s.post(base, json={"metadata": {"name": "x"}, "spec": {"holderIdentity": "a"}}) as r:
+            assert r.status == 201
+            version = (await r.json())["metadata"]["resourceVersion"]
+        statuses = []
+        for holder in ("a", "b"):
+            body = {"metadata": {"name": "x", "resourceVersion": version}, "spec": {"holderIdentity": holder}}
+            async with s.put(f"{base}/x", json=body) as r:
+                statuses.append(r.status)
+        async with s.put(f"{base}/x", json={"metadata": {"name": "x"}, "spec": {}}) as r:
+            statuses.append(r.status)
+        async with s.get(f"{base}/x", headers={"Authorization": "Bearer wrong"}) as r:
+            statuses.append(r.status)
+    assert statuses == [200, 409, 422, 401]
+    assert kube.holder("x") == "a"
