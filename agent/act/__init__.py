@@ -36,6 +36,7 @@ import structlog
 
 from agent.act import intake
 from agent.act.dispatch import DiagnoseHook, Dispatcher
+from agent.act.leadership import Leadership
 from agent.act.notification import AlertSnapshot, fingerprint
 from agent.act.queues import QueueName
 from agent.act.routing import Router
@@ -99,8 +100,10 @@ class ActLayer:
     """
 
     def __init__(self, config: Config, rules: RuleManager, *, clock: Callable[[], float] = time.time,
-                 diagnose: DiagnoseHook | None = None, stream: TextIO | None = None) -> None:
+                 diagnose: DiagnoseHook | None = None, stream: TextIO | None = None,
+                 leadership: Leadership | None = None) -> None:
         self.config = config
+        self.leadership = leadership  # HA: only the leader delivers direct receivers (agent.act.leadership)
         self._rules = rules
         self._clock = clock
         self._stream = stream
@@ -127,7 +130,8 @@ class ActLayer:
         self._session = aiohttp.ClientSession()
         sinks = build_sinks(self.config, self.db, self._session, stream=self._stream)
         self.dispatcher = Dispatcher(self.config, self.db, self.router, sinks, scaler=self.scaler,
-                                     diagnose=self._on_loop(asyncio.get_running_loop()), clock=self._clock)
+                                     diagnose=self._on_loop(asyncio.get_running_loop()), clock=self._clock,
+                                     leadership=self.leadership)
         self.views = await self.db.run(self._read_views)
         await self.db.run(self._regroup_intake)
         if self.views.outbox_depth:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from agent.act.leadership import Leadership
 from agent.act.notification import (
     VALIDITY_FACTOR,
     AlertSnapshot,
@@ -107,6 +108,7 @@ class Dispatcher:
         diagnose: DiagnoseHook | None = None,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
+        leadership: Leadership | None = None,
     ) -> None:
         self._config = config
         self._db = db
@@ -114,7 +116,8 @@ class Dispatcher:
         self._scaler = scaler
         self._diagnose = diagnose
         self._clock = clock
-        self._delivery = OutboxDelivery(db, sinks, config.notify, scaler=scaler, clock=clock, rng=rng)
+        self._delivery = OutboxDelivery(db, sinks, config.notify, scaler=scaler, clock=clock, rng=rng,
+                                        leadership=leadership)
         self.sinks = self._delivery.sinks  # one dict: the delivery sends through what callers see here
         self.stats = self._delivery.stats
         self._kinds = {r.name: r.kind for r in config.receivers}

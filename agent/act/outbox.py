@@ -9,6 +9,11 @@ After the n-th failed attempt of an item the next waits ``cap/2 + rng × cap/2``
 receiver's ``Retry-After`` when longer; a rejection (4xx) or a failure older than
 ``notify.give_up_after`` moves the item to failed. Every outcome lands in the alerts'
 incidents (``notified`` / ``notify_failed``) and in :class:`DeliveryStats` for /metrics.
+
+In an HA pair (:mod:`agent.act.leadership`) the queues of direct receivers are delivered only
+while this replica leads, checked before each send; a follower's held items at or below the
+leader's watermark (less the margin) are *settled*: they leave the outbox as delivered by the
+leader. A leader publishes its own watermark every round.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from agent.act.leadership import Leadership
 from agent.act.notification import Notification
 from agent.act.queues import QueueName
 from agent.act.scaling import Scaler
@@ -44,6 +50,7 @@ class DeliveryStats:
     sent: dict[str, int] = field(default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)
     retried: dict[str, int] = field(default_factory=dict)
+    settled: dict[str, int] = field(default_factory=dict)  # HA: held items the leader delivered
 
     def bump(self, which: dict[str, int], receiver: str) -> None:
         which[receiver] = which.get(receiver, 0) + 1
@@ -66,8 +73,10 @@ class OutboxDelivery:
         scaler: Scaler | None,
         clock: Callable[[], float],
         rng: Callable[[], float],
+        leadership: Leadership | None = None,
     ) -> None:
         self._db = db
+        self._leadership = leadership
         self.sinks = dict(sinks)
         self._notify = notify
         self._scaler = scaler
@@ -83,8 +92,10 @@ class OutboxDelivery:
 
     async def start_due(self, now_ms: int) -> None:
         """Start delivering each queue whose head is due and that has no delivery running."""
+        if self._leadership is not None:
+            await self._db.run(self._handover, self._leadership, now_ms)
         for item in await self._db.run(self._db.outbox.due, now_ms):
-            if item.receiver in self._in_flight:
+            if item.receiver in self._in_flight or self._held(item):
                 continue
             task = asyncio.create_task(self._run_queue(item), name=f"deliver {item.receiver}")
             self._in_flight[item.receiver] = task
@@ -94,6 +105,8 @@ class OutboxDelivery:
         """Deliver one receiver's queue in order while its head is due and acknowledged, so a
         backlog left by an outage goes out in one go; stop at the first failure (its backoff)."""
         while item is not None:
+            if self._held(item):  # checked before every send: a lost lease stops the rest of a backlog
+                return
             self._sending[item.receiver] = item.id
             try:
                 delivered = await self._deliver(item)
@@ -103,6 +116,31 @@ class OutboxDelivery:
                 return
             head = await self._db.run(self._db.outbox.head, item.receiver)
             item = head if head is not None and head.next_attempt_ms <= int(self._clock() * 1000) else None
+
+    def _held(self, item: OutboxItem) -> bool:
+        """A direct receiver's item while this replica does not lead: kept, not sent."""
+        lead = self._leadership
+        return lead is not None and item.receiver in lead.queues and not lead.is_leader()
+
+    def _handover(self, lead: Leadership, now_ms: int) -> None:
+        """On the state thread. Leader: publish each direct queue's watermark (everything of the queue it
+        created before its oldest undelivered item there, or before now, is handled). Follower: settle held
+        items at or below the leader's watermark less the margin (module docstring of
+        :mod:`agent.act.leadership`)."""
+        if lead.is_leader():
+            oldest = self._db.outbox.oldest_created(lead.queues)
+            lead.publish({q: min(oldest.get(q, now_ms), now_ms) - 1 for q in lead.queues})
+            return
+        watermarks = lead.watermarks()
+        for receiver, watermark in sorted(watermarks.items()):
+            if receiver not in lead.queues:
+                continue
+            n = self._db.outbox.settle_through(receiver, created_ms=watermark - lead.margin_ms, now_ms=now_ms,
+                                               keep=self._sending.get(receiver))
+            if n:
+                self.stats.settled[receiver] = self.stats.settled.get(receiver, 0) + n
+                log.info("held notifications settled: the leader delivered them", receiver=receiver, items=n,
+                         watermark_ms=watermark, leader=lead.holder)
 
     def _done(self, receiver: str, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(receiver, None)

@@ -31,6 +31,7 @@ from apscheduler.triggers.cron import CronTrigger
 from agent.act import ActCollector, ActLayer
 from agent.act.remote_write import RemoteWrite, RemoteWriteCollector, Sample
 from agent.app.connections import AcceptErrorLog
+from agent.app.ha import Elector, LeaderCollector, ha_status, leadership_for, start_elector
 from agent.app.recording import RecordingPlacement
 from agent.app.server import (
     BACKLOG,
@@ -139,13 +140,18 @@ class Agent:
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
-        self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
+        longest = max((g.interval_s for g in self.rules.groups), default=rc.evaluation_interval)
+        self.leadership = leadership_for(config, longest_interval_s=longest)  # HA (docs/ha.md): kubernetes mode
+        self._elector: Elector | None = None
+        self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream, leadership=self.leadership)
         history = RemoteHistory(config.source) if config.source.remote else None
         self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history)
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
         # remote_write: what the rules write (and, if asked, what scrapes store) is collected per evaluation
         # and queued in the state database; without remote_write nothing is collected
-        self.remote_write = (RemoteWrite(config.remote_write, self.act.db, external_labels=rc.external_labels,
+        # the HA replica label goes on what is remote-written, never on alerts (Prometheus' HA pairs)
+        written_labels = {**rc.external_labels, **config.ha.replica_labels()}
+        self.remote_write = (RemoteWrite(config.remote_write, self.act.db, external_labels=written_labels,
                                          clock=clock) if config.remote_write else None)
         self._written: dict[str, list[Sample]] = {}
         if self.remote_write is not None and self.remote_write.kinds & set(RuleManager.WRITE_KINDS):
@@ -178,6 +184,7 @@ class Agent:
             HttpCollector(self.http_guard, self._accept_log),
             *([SourceCollector(self.source)] if self.source is not None else []),
             *([RemoteWriteCollector(self.remote_write)] if self.remote_write is not None else []),
+            *([LeaderCollector(self.leadership)] if self.leadership is not None else []),
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._http: HttpServer | None = None
@@ -234,6 +241,7 @@ class Agent:
             "file_sd_errors": self.file_sd.errors() if self.file_sd else {},
             "scrape_cycles": self.stats.scrape_cycles,
             "state": self._state_json(),
+            "ha": ha_status(self.config, self.leadership),
             "server": server_status(self.config.server, self.http_guard) | {"warnings": self.server_warnings()},
         }
 
@@ -426,6 +434,8 @@ class Agent:
                           max_instances=1, coalesce=True, next_run_time=first_eval)
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         await self.act.start()
+        if self.leadership is not None:
+            self._elector = start_elector(cfg, self.leadership)
         if self.remote_write is not None:
             self.remote_write.start()
         sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
@@ -444,6 +454,8 @@ class Agent:
                  rule_groups=len(self.rules.groups), rules=sum(len(g.rules) for g in self.rules.groups))
 
     async def stop(self) -> None:
+        if self._elector is not None:
+            self._elector.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None

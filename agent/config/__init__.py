@@ -50,6 +50,7 @@ from agent.config.act import (
     default_route,
 )
 from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
+from agent.config.ha import HaConfig, LeaseConfig, direct_receivers_refused
 from agent.config.remote_write import RemoteWriteConfig, RemoteWriteQueueConfig
 from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
 from agent.config.source import SourceConfig, SourceTLSConfig
@@ -73,6 +74,8 @@ __all__ = [
     "ConsoleReceiverConfig",
     "DiagnosticsConfig",
     "FileSDConfig",
+    "HaConfig",
+    "LeaseConfig",
     "NcclDiagnosisConfig",
     "NotifyConfig",
     "NvmlConfig",
@@ -217,6 +220,7 @@ class Config(ConfigModel):
     scaling: ScalingConfig = ScalingConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
+    ha: HaConfig = Field(default_factory=HaConfig)  # a factory: the default identity is looked up at load, not import
 
     @model_validator(mode="before")
     @classmethod
@@ -253,6 +257,9 @@ class Config(ConfigModel):
             if "scraped" in rw.write and self.source.remote:
                 raise ValueError(f"remote_write[{i}].write: 'scraped' is for embedded mode (with source.type "
                                  "prometheus the server scrapes; the agent stores no scraped samples)")
+        refused = direct_receivers_refused(self.ha.mode, [(r.name, r.kind) for r in self.receivers])
+        if refused is not None:
+            raise ValueError(refused)
         services = [s.name for s in self.scaling.services]
         for i, action in enumerate(self.actions):
             if action.service is not None and action.service not in services:

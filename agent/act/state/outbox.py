@@ -76,6 +76,29 @@ class Outbox(Table):
             c.execute("INSERT OR REPLACE INTO delivered (key, receiver, delivered_ms) VALUES (?, ?, ?)",
                       (row[0], row[1], now_ms))
 
+    def oldest_created(self, receivers: frozenset[str]) -> dict[str, int]:
+        """The creation time of the oldest queued item of each of ``receivers`` that has one."""
+        if not receivers:
+            return {}
+        marks = ",".join("?" * len(receivers))
+        with self._conn.guard("oldest_created") as c:  # marks are "?" only, the names are parameters
+            rows = c.execute(f"SELECT receiver, MIN(created_ms) FROM outbox WHERE receiver IN ({marks})"  # noqa: S608
+                             " GROUP BY receiver", sorted(receivers)).fetchall()
+        return {str(r): int(ms) for r, ms in rows}
+
+    def settle_through(self, receiver: str, *, created_ms: int, now_ms: int, keep: int | None) -> int:
+        """HA follower: the receiver's items created at or before ``created_ms`` leave the queue as delivered
+        (by the leader; their keys are remembered like any delivered key), except item ``keep`` (in flight).
+        Returns how many."""
+        with self._conn.write("settle_through") as c:
+            rows = c.execute("SELECT id, key FROM outbox WHERE receiver = ? AND created_ms <= ? AND id != ?",
+                             (receiver, created_ms, -1 if keep is None else keep)).fetchall()
+            for item_id, key in rows:
+                c.execute("DELETE FROM outbox WHERE id = ?", (item_id,))
+                c.execute("INSERT OR REPLACE INTO delivered (key, receiver, delivered_ms) VALUES (?, ?, ?)",
+                          (key, receiver, now_ms))
+        return len(rows)
+
     def begin_attempt(self, item_id: int, *, next_attempt_ms: int) -> None:
         """Count the attempt and set when to retry it *before* sending (a crash mid-send retries then)."""
         with self._conn.write("begin_attempt") as c:
