@@ -178,6 +178,7 @@ class _Ui:
         rows = sorted(self.agent.targets_json(), key=lambda t: (t["health"] == "up", t["job"], t["url"]))
         for t in rows:
             t["last_scrape_age"], t["last_scrape_utc"] = age(t["last_scrape"], now), utc(t["last_scrape"])
+            t["label_pairs"] = sorted({"job": t["job"], "instance": t["instance"], **t["labels"]}.items())
         return self.render(request, "targets.html", title="Targets", targets=rows,
                            down=sum(t["health"] != "up" for t in rows))
 
@@ -205,11 +206,13 @@ class _Ui:
     async def silences(self, request: web.Request, *, status: int = 200, error: str = "",
                        values: dict[str, str] | None = None) -> web.Response:
         self.guard_read(request)
+        now = self.clock()
         rows = await self.agent.silences_json()
         order = {"active": 0, "pending": 1, "expired": 2}
         rows.sort(key=lambda s: (order.get(s["status"]["state"], 3), s["endsAt"]))
         for s in rows:
-            s["ends_utc"], s["starts_utc"] = utc(parse_time(s["endsAt"])), utc(parse_time(s["startsAt"]))
+            ends = parse_time(s["endsAt"])
+            s["ends_utc"], s["ends_age"], s["ends_in"] = utc(ends), age(ends, now), age(now, ends or now)
             s["matcher_texts"] = [_matcher_text(m) for m in s["matchers"]]
         if values is None:
             values = {"matchers": "\n".join(request.query.getall("matcher", []))[:8192],
