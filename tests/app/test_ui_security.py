@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from agent.app.ui.present import age, alert_rows, format_value, safe_url, silence_link
-from agent.app.ui.security import Sessions
+from agent.app.ui.security import Sessions, same_origin
 from tests.conftest import REPO
 
 
@@ -100,3 +101,62 @@ def test_templates_and_static_files_ship_as_package_data() -> None:
     files = [p.relative_to(ui).as_posix() for d in ("templates", "static") for p in Path(ui, d).iterdir()]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
     assert "jinja2" in " ".join(config["project"]["dependencies"])
+
+
+def _palettes() -> list[dict[str, str]]:
+    css = (REPO / "agent" / "app" / "ui" / "static" / "ui.css").read_text()
+    light = css.split("@media (prefers-color-scheme: dark)")[0]
+    dark = css.split("@media (prefers-color-scheme: dark)")[1].split("}\n}")[0]
+    return [dict(re.findall(r"--([a-z-]+):\s*(#[0-9a-fA-F]{6})", block)) for block in (light, dark)]
+
+
+def _contrast(a: str, b: str) -> float:
+    def luminance(hex_colour: str) -> float:
+        channels = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+# (text, background) pairs the stylesheet puts together: body text, muted text, links, badges, buttons
+# (background colour on the link colour) and the current page in the navigation (inverted).
+PAIRS = [("fg", "bg"), ("fg", "panel"), ("muted", "bg"), ("muted", "panel"), ("link", "bg"), ("link", "panel"),
+         ("firing-fg", "firing-bg"), ("pending-fg", "pending-bg"), ("ok-fg", "ok-bg"), ("info-fg", "info-bg"),
+         ("silenced-fg", "silenced-bg"), ("bg", "link"), ("bg", "fg"), ("firing-fg", "bg")]
+
+
+def test_colours_meet_wcag_aa_contrast_in_light_and_dark() -> None:
+    """Every text/background pair the stylesheet uses has at least 4.5:1 contrast (WCAG AA), both schemes."""
+    assert round(_contrast("#000000", "#ffffff"), 1) == 21.0 and round(_contrast("#777777", "#ffffff"), 2) == 4.48
+    low = []
+    for scheme, palette in zip(("light", "dark"), _palettes(), strict=True):
+        assert len(palette) >= 15, (scheme, palette)
+        for text, background in PAIRS:
+            ratio = _contrast(palette[text], palette[background])
+            if ratio < 4.5:
+                low.append(f"{scheme}: {text} on {background} is {ratio:.2f}:1")
+    assert low == []
+
+
+@pytest.mark.parametrize(("headers", "same"), [
+    ({}, True),  # not a cross-site browser request (curl); the CSRF token still decides
+    ({"Origin": "http://agent.example:9400"}, True),
+    ({"Origin": "https://agent.example:9400"}, True),  # a proxy terminating TLS in front of the agent
+    ({"Referer": "http://agent.example:9400/silences"}, True),
+    ({"Origin": "http://agent.example:9400", "Sec-Fetch-Site": "same-origin"}, True),
+    ({"Origin": "http://agent.example:9401"}, False),
+    ({"Origin": "http://evil.example"}, False),
+    ({"Origin": "http://agent.example.evil.example:9400"}, False),
+    ({"Origin": "null"}, False),
+    ({"Origin": "file://agent.example:9400"}, False),
+    ({"Origin": "http://agent.example:9400", "Sec-Fetch-Site": "cross-site"}, False),
+    ({"Origin": "http://agent.example:9400", "Sec-Fetch-Site": "same-site"}, False),
+])
+def test_same_origin_by_host(headers: dict[str, str], same: bool) -> None:
+    """A post is the agent's own when its Origin (or Referer) names the Host it was sent to."""
+    from aiohttp.test_utils import make_mocked_request
+
+    request = make_mocked_request("POST", "/silences", headers={"Host": "agent.example:9400", **headers})
+    assert same_origin(request) is same

@@ -136,9 +136,10 @@ class _Ui:
     def refuse(self, request: web.Request, status: int, message: str) -> web.Response:
         return self.render(request, "error.html", code=status, title="Refused", message=message)
 
-    def guard_read(self, request: web.Request) -> web.Response | None:
+    def guard_read(self, request: web.Request) -> None:
+        """Under ``protect_reads`` a browser without a session goes to the login, and back after it."""
         if self.sessions.may_read(request):
-            return None
+            return
         raise web.HTTPSeeOther(f"/login?next={request.path_qs if request.path != '/login' else '/alerts'}",
                                headers={"Cache-Control": "no-store"})
 

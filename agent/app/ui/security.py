@@ -94,7 +94,9 @@ def same_origin(request: web.Request) -> bool:
     if claimed == "null":  # sandboxed frames, file: pages, some redirects: never our own page
         return False
     parts = urlsplit(claimed)
-    return parts.scheme == request.scheme and parts.netloc.lower() == request.host.lower()
+    # host[:port] only, not the scheme: behind a proxy that terminates TLS the page is https and the
+    # request reaching the agent http; the Host header the proxy forwards still names the agent
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == request.host.lower()
 
 
 class Sessions:
