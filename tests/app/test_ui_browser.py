@@ -168,6 +168,7 @@ async def test_alerts_silence_expire_and_escaping(stack: Stack) -> None:
     # 3. log in with the API token, then silence the alert from its row
     await page.get_by_role("link", name="Log in").click()
     await page.get_by_label("API token").fill(TOKEN)
+    await page.screenshot(path=str(stack.shots / "ui-login.png"))
     await page.get_by_role("button", name="Log in").click()
     await expect(page).to_have_url(f"{stack.base}/alerts")
     await expect(page.get_by_role("button", name="Log out")).to_be_visible()
