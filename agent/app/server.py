@@ -15,7 +15,9 @@ The endpoint is hardened because it shares a process with the scraper:
   requests cannot take the file descriptors the scraper needs or keep ``/healthz`` from answering.
 * **authentication**: with ``server.auth`` a bearer token (compared in constant time) is required
   for every mutating request, and for reads too with ``protect_reads``; ``/healthz`` and
-  ``/readyz`` stay open. ``server.tls`` serves HTTPS.
+  ``/readyz`` stay open. ``server.tls`` serves HTTPS. The web UI (:mod:`agent.app.ui`, at ``/``)
+  logs a browser in with the same token into a cookie session that authorizes reads, and its
+  forms check that session, a CSRF token and the Origin (:mod:`agent.app.ui.security`).
 * **the Alertmanager webhook** (``POST /api/v1/alertmanager/webhook``, :mod:`agent.act.intake`) is
   answered 200 once its alerts are committed to the state database, 400 naming the problem for a
   payload that is not Alertmanager's version-4 webhook (Alertmanager does not retry a 4xx), and 503
@@ -43,6 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
+from agent.app.ui import add_ui, bypasses_bearer
 from agent.config import ServerConfig
 from agent.errors import ConfigError, StateError
 
@@ -201,6 +204,8 @@ def _auth(token: str, protect_reads: bool) -> Any:
     async def auth(request: web.Request, handler: _Handler) -> web.StreamResponse:
         if request.path in _OPEN_PATHS or (request.method in _SAFE_METHODS and not protect_reads):
             return await handler(request)
+        if bypasses_bearer(request):  # the web UI's own session, CSRF and Origin checks (agent.app.ui.security)
+            return await handler(request)
         scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("utf-8", "replace"), expected):
             return _error(401, "unauthorized", "this endpoint needs 'Authorization: Bearer <token>' "
@@ -278,19 +283,12 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         except StateError:  # logged by the act layer; a 5xx makes Alertmanager retry
             return _error(503, "unavailable", "the state database refused the write; retry later")
 
-    async def index(_: web.Request) -> web.Response:
-        return web.Response(
-            text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/alerts  /api/v1/rules  "
-            "/api/v1/status  /api/v1/incidents  /api/v1/silences  /api/v1/alertmanager/webhook (POST)\n"
-        )
-
     middlewares: list[Any] = [guard_middleware(guard), _errors]
     token = cfg.auth.bearer_token
     if token is not None:
         middlewares.append(_auth(token.get_secret_value(), cfg.auth.protect_reads))
     app = web.Application(middlewares=middlewares, client_max_size=cfg.body_limit)
     app[GUARD] = guard
-    app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -303,6 +301,8 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
     app.router.add_post("/api/v1/silences", add_silence)
     app.router.add_delete("/api/v1/silences/{id}", expire_silence)
     app.router.add_post("/api/v1/alertmanager/webhook", alertmanager_webhook)
+    add_ui(app, agent, token=token.get_secret_value() if token is not None else None,
+           protect_reads=cfg.auth.protect_reads, body_timeout_s=body_timeout)  # the web UI at /
     return app
 
 
