@@ -28,6 +28,7 @@ from typing import Any
 
 from agent.diagnose.plan.memory import QUANTIZATIONS, GiB, PlanInput
 from agent.diagnose.plan.models import gpu_memory_bytes, load_model_config
+from agent.diagnose.plan.overhead import accounting_for_version, default_max_num_seqs
 from agent.diagnose.plan.planner import Plan, plan
 from agent.errors import DiagnosisError
 
@@ -224,10 +225,13 @@ def predict(case: Case) -> Prediction:
     if gpu is None:
         notes.append("GPU total unknown: weights and bytes/token only")
     flags = case.flags
+    accounting = accounting_for_version(case.vllm_version, v0_engine=case.engine == "V0")
+    seqs = flags.get("max_num_seqs") or default_max_num_seqs(gpu or _NOMINAL_GPU, case.gpu, accounting)
     inp = PlanInput(model=spec, gpu_memory_bytes=gpu or _NOMINAL_GPU,
                     tensor_parallel_size=int(flags.get("tensor_parallel_size", 1)),
                     pipeline_parallel_size=int(flags.get("pipeline_parallel_size", 1)),
-                    max_model_len=flags.get("max_model_len"), max_num_seqs=int(flags.get("max_num_seqs", 256)),
+                    max_model_len=flags.get("max_model_len"), max_num_seqs=int(seqs), vllm_accounting=accounting,
+                    sampler=str(flags.get("sampler", "native")),
                     gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)), quantization=quant,
                     kv_cache_dtype=str(flags.get("kv_cache_dtype", "auto")), block_size=case.block_size,
                     max_num_batched_tokens=flags.get("max_num_batched_tokens"), gpu=case.gpu)
@@ -285,7 +289,7 @@ def compare(case: Case, pred: Prediction) -> list[Check]:
 def _flags_text(flags: Mapping[str, Any]) -> str:
     short = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "max_model_len": "len",
              "gpu_memory_utilization": "util", "max_num_seqs": "seqs", "max_num_batched_tokens": "mnbt",
-             "kv_cache_dtype": "kv", "quantization": "q", "block_size": "block"}
+             "kv_cache_dtype": "kv", "quantization": "q", "block_size": "block", "sampler": "sampler"}
     return " ".join(f"{short.get(k, k)}={v}" for k, v in flags.items())
 
 
