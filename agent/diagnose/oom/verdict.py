@@ -227,7 +227,10 @@ def _no_blocks(ms: list[Match], ctx: OomContext, base: str) -> Finding:
                                "gpu_memory_utilization_assumed": ctx.gpu_memory_utilization is None}
     if planned := planner_suggestion("gpu-oom-startup-kv-cache", ctx):
         setting, value, details["planner"] = planned
-    return _finding("gpu-oom-startup-kv-cache", ms, "Weights and activations left no memory for the KV cache at "
+    short = max((m.values.get("shortfall_bytes", 0) for m in ms), default=0)  # a logged negative KV figure
+    details |= {"kv_shortfall_gib": _gib(short)} if short else {}
+    over = f" (vLLM logged {-short / 2**30:.2f} GiB of KV memory: {short / 2**30:.2f} GiB short)" if short else ""
+    return _finding("gpu-oom-startup-kv-cache", ms, f"Weights and activations left no memory for the KV cache{over} at "
                     f"--gpu-memory-utilization {util}: raise it (or quantize the model).", setting=setting,
                     value=value, base=base, details=details)
 
