@@ -56,10 +56,37 @@ names the three generations this module models:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # memory.py imports this module; PlanInput is only a type here
-    from agent.diagnose.plan.memory import PlanInput
+from agent.diagnose.plan.models import ModelSpec
+
+
+class PlanInput(Protocol):
+    """What these estimates read of :class:`agent.diagnose.plan.memory.PlanInput` (which imports
+    this module, so it is described here rather than imported)."""
+
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def gpu_memory_bytes(self) -> int: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
+    def pipeline_parallel_size(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def max_num_batched_tokens(self) -> int | None: ...
+    @property
+    def overhead_bytes(self) -> int | None: ...
+    @property
+    def vllm_accounting(self) -> str: ...
+    @property
+    def sampler(self) -> str: ...
 
 __all__ = [
     "ACCOUNTINGS",
