@@ -67,7 +67,8 @@ def test_parser_reads_the_logged_figures(case: Case) -> None:
     table of figures, each listed figure appears in it as written)."""
     if case.kind == "table":
         text = (PLANNER_FIXTURES / case.log).read_text(encoding="utf-8")
-        assert all(f"{value:.2f}" in text for value in case.logged.values()), case.logged
+        assert all((f"{value:,}" if isinstance(value, int) else f"{value:.2f}") in text
+                   for value in case.logged.values()), case.logged
         return
     assert case.figures().logged() == dict(case.logged)
 
