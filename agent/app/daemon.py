@@ -33,6 +33,7 @@ from agent.act.remote_write import RemoteWrite, RemoteWriteCollector, Sample
 from agent.app.connections import AcceptErrorLog
 from agent.app.ha import Elector, LeaderCollector, ha_status, leadership_for, start_elector
 from agent.app.recording import RecordingPlacement
+from agent.app.served import ServedLengths
 from agent.app.server import (
     BACKLOG,
     FD_RESERVE,
@@ -145,7 +146,8 @@ class Agent:
         self._elector: Elector | None = None
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream, leadership=self.leadership)
         history = RemoteHistory(config.source) if config.source.remote else None
-        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history)
+        self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history,
+                                       served=ServedLengths(clock=clock))
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
         # remote_write: what the rules write (and, if asked, what scrapes store) is collected per evaluation
         # and queued in the state database; without remote_write nothing is collected

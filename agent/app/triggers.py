@@ -19,11 +19,10 @@ thread of its message, and the incident log):
   picture of the GPU the alert names (its ``Hostname`` and ``UUID``/``gpu`` labels) and
   the runtime-OOM advice; the KV-saturation and scale-out alerts
   (:data:`~agent.diagnose.plan.fleet.CAPACITY_ALERTS`) get each named replica's live capacity
-  advice (:func:`~agent.diagnose.plan.fleet.capacity_advice`: its ``vllm:cache_config_info``
-  and the last 15 minutes of KV usage, running, waiting and preemptions); the alerts in
-  ``diagnostics.nccl.on_alerts``
-  (throughput far below expectation) start an nccl-tests run, at most once per
-  ``diagnostics.nccl.cooldown``;
+  advice (:func:`~agent.diagnose.plan.fleet.capacity_advice`: its ``vllm:cache_config_info``, the
+  last 15 minutes of KV usage, running, waiting and preemptions, and the ``max_model_len`` its
+  ``/v1/models`` serves, :mod:`agent.app.served`); the alerts in ``diagnostics.nccl.on_alerts``
+  (throughput far below expectation) start an nccl-tests run, at most once per ``diagnostics.nccl.cooldown``;
 * **the nccl schedule** (a cron expression) runs nccl-tests regularly; the last
   result is exported on ``/metrics``.
 
@@ -38,7 +37,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.act.notification import AlertSnapshot
+from agent.app.served import ServedLengths, served_lengths, with_served_length
 from agent.config import GPU_MEMORY_ALERTS, Config
 from agent.diagnose.findings import Finding, runbook_url
 from agent.diagnose.logtail import LogTailer
@@ -91,18 +91,24 @@ _PRIME_BYTES = 64 << 20
 _GPU_MEMORY_ALERTS = re.compile(GPU_MEMORY_ALERTS)  # the default diagnose action's names, fullmatch
 
 
+def _match(alert: AlertSnapshot) -> dict[str, str]:
+    return {k: v for k in ("instance", "job", "model_name") if (v := alert.labels.get(k))}
+
+
 class Diagnostics:
     """The daemon's diagnostic triggers (see the module docstring). Findings go to ``post``
     (the act layer's :meth:`~agent.act.ActLayer.post_finding`); ``clock`` and the nccl-tests
     ``runner`` (:func:`~agent.diagnose.nccl.run.run_nccl`'s signature) are injectable."""
 
     def __init__(self, config: Config, store: Store, post: Post, *, clock: Callable[[], float] = time.time,
-                 runner: Callable[..., Any] = run_nccl, history: RemoteHistory | None = None) -> None:
+                 runner: Callable[..., Any] = run_nccl, history: RemoteHistory | None = None,
+                 served: ServedLengths | None = None) -> None:
         check_configured(config.diagnostics.nccl.interconnect)
         self._cfg = config.diagnostics
         self._store = store
         self._history = history  # Prometheus mode: the fleet's series are in the server, not in the store
         self._history_tasks: set[asyncio.Task[None]] = set()
+        self._served = served  # asks replicas their max_model_len (/v1/models) for the capacity advice
         self._post = post
         self._clock = clock
         self._runner = runner
@@ -247,10 +253,10 @@ class Diagnostics:
         if name in self._cfg.nccl.on_alerts:
             self.request_nccl(reason=f"{name} fired", alert=alert)
         elif name in CAPACITY_ALERTS:
-            if self._history is not None:
+            if self._history is not None or self._served is not None:
                 self._spawn(self._capacity_remote(alert, now_ms))
                 return
-            self._capacity_findings(alert, self._store, now_ms)
+            self._capacity_findings(alert, self._store, now_ms, {})  # nobody to ask for max_model_len
         elif _GPU_MEMORY_ALERTS.fullmatch(name):
             # The alert is about one GPU: dcgm-exporter (and the agent's NVML poller) name its node in
             # Hostname and the GPU in UUID/gpu; `instance` is the exporter's address, not the node.
@@ -269,30 +275,35 @@ class Diagnostics:
         self._history_tasks.add(task)
         task.add_done_callback(self._history_tasks.discard)
 
-    def _capacity_findings(self, alert: AlertSnapshot, store: Store, now_ms: int) -> None:
+    def _capacity_findings(self, alert: AlertSnapshot, store: Store, now_ms: int,
+                           lengths: Mapping[str, tuple[int, str]]) -> None:
         """One capacity finding per replica the alert names (its ``instance``, or every replica of its
-        ``job``/``model_name`` for the fleet-wide scale-out alert)."""
-        match = {k: v for k in ("instance", "job", "model_name") if (v := alert.labels.get(k))}
-        replicas = replicas_from_store(store, now_ms, match=match)
+        ``job``/``model_name`` for the scale-out alert), with its served ``max_model_len`` where known."""
+        replicas = [with_served_length(r, lengths) for r in replicas_from_store(store, now_ms, match=_match(alert))]
         if not replicas:
             log.info("no vllm:cache_config_info for the alert's replicas; no capacity advice",
-                     alertname=alert.labels.get("alertname", ""), **match)
+                     alertname=alert.labels.get("alertname", ""), **_match(alert))
         for r in replicas:
             self._emit(capacity_advice(r, runbook_base=self._cfg.runbook_base_url), alert, now_ms)
 
     async def _capacity_remote(self, alert: AlertSnapshot, now_ms: int) -> None:
-        """The replicas' cache config and usage from the server, then the same findings."""
+        """Cache config and usage (from the server in Prometheus mode), the served max_model_len, the findings."""
+        if (store := self._store if self._history is None else await self._remote_store(alert, now_ms)) is not None:
+            replicas = replicas_from_store(store, now_ms, match=_match(alert))
+            lengths = await served_lengths(self._served, replicas) if self._served is not None else {}
+            self._capacity_findings(alert, store, now_ms, lengths)
+
+    async def _remote_store(self, alert: AlertSnapshot, now_ms: int) -> Store | None:
         assert self._history is not None
         names = ("cache_config_info|kv_cache_usage_perc|gpu_cache_usage_perc|num_requests_running|"
                  "num_requests_waiting|num_preemptions_total")
         where = "".join(f",{k}={json.dumps(v)}" for k in ("instance", "job") if (v := alert.labels.get(k)))
         selector = f'{{__name__=~"vllm:({names})"{where}}}'
         try:
-            store = await asyncio.to_thread(self._history.fetch, [selector], now_ms - WINDOW_MS, now_ms)
+            return await asyncio.to_thread(self._history.fetch, [selector], now_ms - WINDOW_MS, now_ms)
         except SourceError as exc:
             log.warning("no replica history from the source; capacity advice skipped", error=str(exc))
-            return
-        self._capacity_findings(alert, store, now_ms)
+            return None
 
     def _gpu_memory_finding(self, alert: AlertSnapshot, ctx: OomContext, host: str, now_ms: int) -> None:
         if ctx.gpu_memory_history:

@@ -32,6 +32,7 @@ from agent.diagnose.plan.models import (
     load_model_config,
     quantization_from_name,
 )
+from agent.diagnose.plan.overhead import SAMPLERS, accounting_for_version, default_max_num_seqs
 from agent.diagnose.plan.planner import KV_CACHE_DTYPES, LMDEPLOY_SCALE_BYTES, QUANTIZATIONS, GiB, Plan, PlanInput, plan
 from agent.diagnose.plan.servecmd import parse_human_int, parse_serve_command
 from agent.errors import DiagnosisError
@@ -67,10 +68,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int)
     p.add_argument("--pipeline-parallel-size", "-pp", type=int)
     p.add_argument("--max-model-len", type=parse_human_int, help="default: the model's maximum")
-    p.add_argument("--max-num-seqs", type=int, help="default 256 (vLLM's)")
+    p.add_argument("--max-num-seqs", type=int, help="default: vLLM V1's, 1024 on ≥70 GiB GPUs (not A100), else 256")
     p.add_argument("--gpu-memory-utilization", type=float, help="default 0.9 (vLLM's)")
     p.add_argument("--max-num-batched-tokens", type=parse_human_int,
                    help="sizes the activation estimate (default: vLLM V1's, 2048 or 8192 on ≥70 GiB GPUs)")
+    p.add_argument("--vllm-version", help="the vLLM version whose memory accounting to model (e.g. 0.11.0; "
+                                          "default: V1 as in 0.8-0.20; 0.21+ also reserves CUDA graphs)")
+    p.add_argument("--sampler", choices=SAMPLERS, help="native (default) or flashinfer: what vLLM logs as "
+                                                       "'Using FlashInfer for top-p & top-k sampling'")
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", help="A100-40GB, A100-80GB, H100, H200, L40S or RTX-4090")
     gpu.add_argument("--gpu-memory", help="memory of one GPU, e.g. 80GiB or 48GB")
@@ -148,6 +153,12 @@ def build_input(args: argparse.Namespace) -> tuple[PlanInput, list[str]]:
         raise DiagnosisError("give --gpu (A100-40GB, A100-80GB, H100, H200, L40S, RTX-4090) or --gpu-memory SIZE")
     if engine == "lmdeploy":
         options.setdefault("block_size", 64)  # LMDeploy's --cache-block-seq-len default
+    else:
+        accounting = accounting_for_version(args.vllm_version)
+        options["vllm_accounting"] = accounting
+        options.setdefault("max_num_seqs", default_max_num_seqs(total, gpu_name, accounting))
+        if args.sampler:
+            options["sampler"] = args.sampler
     inp = PlanInput(model=model, gpu_memory_bytes=total, engine=engine, gpu=gpu_name)
     try:
         return replace(inp, **options), notes

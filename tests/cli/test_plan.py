@@ -239,3 +239,17 @@ async def test_from_fleet_scrapes_every_simulated_replica(tmp_path: Path) -> Non
     assert out.count("KV cache 8,192 blocks × 16 tokens = 131,072 tokens") == 2
     assert out.count("= 16 full-length sequences of 8,192 tokens (max_model_len from http://127.0.0.1:") == 2
     assert "Fleet: 2 replicas, 262,144 KV tokens" in out
+
+
+def test_vllm_defaults_follow_the_gpu_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --max-num-seqs the plan uses vLLM V1's default for the GPU (1,024 on an H100, 256 on an
+    A100), which sizes the sampler warm-up; --vllm-version 0.21 adds the CUDA-graph reserve and
+    --sampler flashinfer the smaller sampler peak."""
+    argv = ["--model", "Qwen2-7B", "--gpu", "H100", "--max-model-len", "16384"]
+    _, h100 = _json(capsys, *argv)
+    _, a100 = _json(capsys, "--model", "Qwen2-7B", "--gpu", "A100-80GB", "--max-model-len", "16384")
+    _, v021 = _json(capsys, *argv, "--vllm-version", "0.21.0")
+    _, fi = _json(capsys, *argv, "--sampler", "flashinfer")
+    assert (h100["max_num_seqs"], a100["max_num_seqs"]) == (1024, 256)
+    assert v021["overhead_gib"] == pytest.approx(h100["overhead_gib"] + 0.5, abs=0.002)
+    assert fi["overhead_gib"] < h100["overhead_gib"] - 3

@@ -86,6 +86,9 @@ _T_OLD_GPU = re.compile(r"\(GPU (\d+); " + _SZ + r" total capacity; " + _SZ + r"
 _T_OLD_RESERVED = re.compile(_SZ + r" (?:reserved in total by PyTorch|cached)\)")
 
 _NO_BLOCKS = re.compile(r"No available memory for the cache blocks")
+#: V1 "Available KV cache memory: -2.14 GiB" / V0 "reserved for KV Cache is -1.05GiB": weights and the profile's
+#: activations exceed total × utilization; vLLM then fails with "No available memory for the cache blocks".
+_KV_NEGATIVE = re.compile(r"(?:Available KV cache memory:|reserved for KV Cache is) ?-(\d+(?:\.\d+)?) ?GiB")
 _V0_SEQ = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
                      r"stored in KV cache \((\d+)\)")
 _V1_KV = re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\),\s*\(?(\d+(?:\.\d+)?) GiB "
@@ -216,6 +219,8 @@ class EvidenceScanner:
     def _vllm(self, line: str) -> bool:
         if _SOURCE_LINE.search(line.split("] ", 1)[-1]):
             return False
+        if m := _KV_NEGATIVE.search(line):
+            return self._add("vllm-no-cache-blocks", line, shortfall_bytes=size_bytes(m[1], "GiB"))
         if _NO_BLOCKS.search(line):
             return self._add("vllm-no-cache-blocks", line)
         if m := _V0_SEQ.search(line):

@@ -29,11 +29,13 @@ import structlog
 from agent.diagnose.findings import DEFAULT_RUNBOOK_BASE, Finding, runbook_url
 from agent.diagnose.oom.context import OomContext, context_from_store, effective_context
 from agent.diagnose.oom.evidence import EngineConfig, Match, parse_evidence
+from agent.diagnose.oom.planned import DEFAULT_UTILIZATION, planner_suggestion
 from agent.diagnose.oom.xid import xid_info
 from agent.diagnose.plan import planner
 from agent.errors import DiagnosisError
 
-__all__ = ["KINDS", "OomContext", "context_from_store", "diagnose_oom", "headroom_utilization", "planner_suggestion"]
+__all__ = ["DEFAULT_UTILIZATION", "KINDS", "OomContext", "context_from_store", "diagnose_oom", "headroom_utilization",
+           "planner_suggestion"]
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +43,6 @@ GIB = 2**30
 #: Finding kinds in report order: hardware first, then start-up failures, then runtime.
 KINDS = ("gpu-hardware", "gpu-memory-contention", "gpu-oom-startup-weights", "gpu-oom-startup-kv-cache",
          "gpu-oom-startup-warmup", "gpu-oom-runtime", "container-oom", "host-oom", "kv-cache-preemption")
-DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default, assumed (and said so) when unknown
 MAX_UTILIZATION = planner.MAX_UTILIZATION  # never suggest more: CUDA context, NCCL, graphs live outside it
 STEP = 0.05  # utilization given back (runtime OOM) or taken (KV pressure) when nothing says how much
 CONTENTION_SHARE = 0.05  # another process holding this share of the GPU (and >= 1 GiB) is contention
@@ -227,7 +228,10 @@ def _no_blocks(ms: list[Match], ctx: OomContext, base: str) -> Finding:
                                "gpu_memory_utilization_assumed": ctx.gpu_memory_utilization is None}
     if planned := planner_suggestion("gpu-oom-startup-kv-cache", ctx):
         setting, value, details["planner"] = planned
-    return _finding("gpu-oom-startup-kv-cache", ms, "Weights and activations left no memory for the KV cache at "
+    short = max((m.values.get("shortfall_bytes", 0) for m in ms), default=0)  # a logged negative KV figure
+    details |= {"kv_shortfall_gib": _gib(short)} if short else {}
+    over = f" (vLLM logged {-short / 2**30:.2f} GiB of KV memory: {short / 2**30:.2f} GiB short)" if short else ""
+    return _finding("gpu-oom-startup-kv-cache", ms, f"Weights and activations left no memory for the KV cache{over} at "
                     f"--gpu-memory-utilization {util}: raise it (or quantize the model).", setting=setting,
                     value=value, base=base, details=details)
 
@@ -323,44 +327,6 @@ def _preemption(ms: list[Match], ctx: OomContext, base: str) -> Finding:
     return _finding("kv-cache-preemption", ms, f"vLLM preempted running sequences for lack of KV cache space "
                     f"({total} so far): give the KV cache more memory or admit fewer sequences.", severity="warning",
                     setting=setting, value=value, base=base, details=details)
-
-
-# -- the planner, where model and GPU are known ------------------------------------------------
-def planner_suggestion(kind: str, ctx: OomContext) -> tuple[str, str, dict[str, Any]] | None:
-    """The memory planner's ``(flag, value, its numbers)`` for a finding, or None when the model is
-    no planner preset, the GPU size is unknown or the planner finds nothing that works."""
-    quant = {"awq_marlin": "awq", "gptq_marlin": "gptq", None: "none"}.get(ctx.quantization, ctx.quantization)
-    if not ctx.model or quant not in planner.QUANTIZATIONS:
-        return None
-    tp = ctx.tensor_parallel_size or 1
-    try:
-        inp = planner.PlanInput(
-            model=planner.find_model(ctx.model), tensor_parallel_size=tp, max_model_len=ctx.max_model_len,
-            gpu_memory_bytes=ctx.gpu_total_bytes or planner.gpu_memory_bytes(ctx.gpu_name or ""),
-            max_num_seqs=ctx.max_num_seqs or 256,
-            gpu_memory_utilization=ctx.gpu_memory_utilization or DEFAULT_UTILIZATION,
-            quantization=quant, kv_cache_dtype=ctx.kv_cache_dtype if ctx.kv_cache_dtype in planner.KV_CACHE_DTYPES
-            else "auto")
-        if kind == "gpu-oom-startup-weights":
-            for more in (tp * 2, tp * 4, tp * 8):
-                try:
-                    p = planner.plan(replace(inp, tensor_parallel_size=more))
-                except DiagnosisError:  # e.g. attention heads not divisible by this TP
-                    continue
-                if p.engine_starts:
-                    return "--tensor-parallel-size", str(more), {"weights_gib_per_gpu": _gib(p.weights_bytes_per_gpu)}
-            return None
-        if kind == "gpu-oom-startup-kv-cache":
-            if (util := planner.utilization_for(inp, 1)) is not None:
-                return "--gpu-memory-utilization", f"{util:.2f}", {"max_model_len": inp.effective_max_model_len}
-            n = planner.max_model_len_for(inp, 1)
-            return ("--max-model-len", str(n), {"gpu_memory_utilization": inp.gpu_memory_utilization}) if n else None
-        p = planner.plan(inp)  # kv-cache-preemption: admit what fits at full length
-        if 1 <= p.max_concurrent_seqs < inp.max_num_seqs:
-            return "--max-num-seqs", str(p.max_concurrent_seqs), {"max_tokens_in_cache": p.max_tokens_in_cache}
-    except DiagnosisError as exc:
-        log.debug("planner not applicable", model=ctx.model, error=str(exc))
-    return None
 
 
 # -- the verdict -------------------------------------------------------------------------------

@@ -20,18 +20,11 @@ out, per GPU:
   sliding-window layers get what vLLM V1's hybrid KV-cache manager gives them
   (:mod:`agent.diagnose.plan.kvcache`). LMDeploy's int8/int4 KV (``--quant-policy 8``/``4``)
   also stores an fp16 scale and zero point per token and head (4 B).
-* **memory for KV** (vLLM V1, v0.8–v0.11, ``Worker.determine_available_memory``): vLLM's
-  "Available KV cache memory" is ``total × gpu_memory_utilization − (weights + the torch
-  activation peak of the profile run + the non-torch memory increase)``, which is our
-  ``kv_bytes_available`` (``total`` here is NVML's, a little above CUDA's). We estimate the
-  last two as ``overhead``: a flat 1 GiB of non-torch memory for the CUDA context and
-  cuBLAS/NCCL workspaces (+1.5 GiB when TP × PP > 1 for NCCL and custom all-reduce
-  buffers; vLLM logs 0.35–1.79 GiB on one GPU and 3.58 GiB at TP=2) plus an activation
-  peak of ``max_num_batched_tokens × hidden × 2 B × 12`` and the sampler's fp32 logits
-  ``max_num_seqs × vocab × 4 B × 2`` (calibrated on vLLM's profile of Llama-3-8B: 1.26 GiB
-  at 8,192 tokens), plus for MoE the fused-MoE intermediate caches. CUDA graphs are
-  captured *after* the KV cache is allocated in these versions, so their memory (typically
-  0.1–1 GiB) comes out of the ``1 − gpu_memory_utilization`` margin, not the KV cache.
+* **memory for KV** (vLLM): "Available KV cache memory" is ``total × gpu_memory_utilization −
+  (weights + overhead)``, our ``kv_bytes_available`` (``total`` here is the GPU preset's NVML
+  total, a little above the CUDA total vLLM reads). The overhead (the profile run's torch
+  peak, non-torch memory and, from vLLM 0.21, the CUDA-graph estimate) depends on the engine
+  version's accounting, ``PlanInput.vllm_accounting``: :mod:`agent.diagnose.plan.overhead`.
   LMDeploy instead gives ``--cache-max-entry-count`` of the memory *free after the weights
   load* to KV: TurboMind's ``CreateEngine`` (``src/turbomind/turbomind.cc``) takes
   ``cudaMemGetInfo``'s free bytes, the minimum over the TP ranks, times the ratio, before the
@@ -54,10 +47,21 @@ from dataclasses import dataclass, replace
 
 from agent.diagnose.plan.kvcache import KVLayout, hybrid_groups, mla_block_size
 from agent.diagnose.plan.models import ModelSpec
+from agent.diagnose.plan.overhead import (
+    ACCOUNTINGS,
+    ACTIVATION_FACTOR,
+    FRAMEWORK_BYTES,
+    MULTI_GPU_EXTRA_BYTES,
+    SAMPLERS,
+    activation_bytes,
+    batched_tokens,
+    overhead_bytes,
+)
 from agent.diagnose.plan.quant import METHODS, QuantScheme, bytes_per_weight, default_scheme
 from agent.errors import DiagnosisError
 
 __all__ = [
+    "ACCOUNTINGS",
     "ACTIVATION_FACTOR",
     "BYTES_4BIT",
     "ENGINES",
@@ -88,7 +92,6 @@ GiB = 2**30
 ENGINES = ("vllm", "lmdeploy")
 QUANTIZATIONS = METHODS
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
-FUSED_MOE_CHUNK = 32768  # vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default
 MXFP4_PAD = 256  # vLLM pads mxfp4 experts' width per TP rank to this (round_up in Mxfp4MoEMethod)
 # KV element width in bits. "auto" follows the model dtype; int4 is LMDeploy's --quant-policy 4.
 KV_CACHE_DTYPES = {"auto": 16, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}
@@ -96,9 +99,6 @@ _DTYPES = ("auto", "float16", "bfloat16", "float32", "half")
 GROUP_SIZE = 128
 BYTES_4BIT = 0.5 + 2.5 / GROUP_SIZE  # packed weight + fp16 scale + packed 4-bit zero point per group
 MAX_UTILIZATION = 0.95  # never suggest more: CUDA graphs and fragmentation live in the rest
-FRAMEWORK_BYTES = 1 * GiB
-MULTI_GPU_EXTRA_BYTES = 3 * GiB // 2
-ACTIVATION_FACTOR = 12  # × tokens × hidden × 2 B; see the module docstring
 LMDEPLOY_SCALE_BYTES = 4  # fp16 scale + fp16 zero point per token, head and K/V in quantized KV
 
 
@@ -107,7 +107,11 @@ class PlanInput:
     """What is being planned. ``max_model_len=None`` means the model's own maximum; for
     LMDeploy ``max_model_len`` is ``--session-len`` and ``max_num_seqs`` ``--max-batch-size``.
     ``max_num_batched_tokens=None`` means vLLM V1's default (8,192 on ≥ 70 GiB GPUs other
-    than A100, else 2,048). ``overhead_bytes`` overrides the activation + framework estimate."""
+    than A100, else 2,048). ``overhead_bytes`` overrides the activation + framework estimate;
+    ``vllm_accounting`` names the engine version's profile accounting
+    (:data:`~agent.diagnose.plan.overhead.ACCOUNTINGS`) and ``sampler`` the sampler its
+    warm-up runs through (``"flashinfer"`` when vLLM logs "Using FlashInfer for top-p & top-k
+    sampling")."""
 
     model: ModelSpec
     gpu_memory_bytes: int
@@ -126,6 +130,8 @@ class PlanInput:
     gpu: str = ""
     overhead_bytes: int | None = None
     disable_hybrid_kv_cache_manager: bool = False
+    vllm_accounting: str = "v1"
+    sampler: str = "native"
 
     @property
     def effective_max_model_len(self) -> int:
@@ -187,33 +193,6 @@ def _scheme(model: ModelSpec, quantization: str) -> QuantScheme:
     return default_scheme(quantization)
 
 
-def activation_bytes(inp: PlanInput) -> int:
-    """Estimated peak activation memory per GPU during vLLM's profile run: the dense part
-    (calibrated, see the module docstring) plus, for MoE, the fused-MoE kernel's three
-    intermediate caches (``tokens × top-k × (2N + N + hidden)`` 16-bit values, N the expert
-    width per TP rank, tokens in chunks of at most 32,768)."""
-    tokens = batched_tokens(inp)
-    m = inp.model
-    dense = tokens * m.hidden_size * 2 * ACTIVATION_FACTOR + inp.max_num_seqs * m.vocab_size * 4 * 2
-    if not m.is_moe:
-        return dense
-    width = m.moe_intermediate_size // inp.tensor_parallel_size
-    chunk = min(tokens, FUSED_MOE_CHUNK)
-    return dense + chunk * max(1, m.experts_per_token) * (3 * width + m.hidden_size) * 2
-
-
-def batched_tokens(inp: PlanInput) -> int:
-    """``--max-num-batched-tokens``, or the engine's default for this GPU."""
-    return inp.max_num_batched_tokens or _default_batched_tokens(inp)
-
-
-def _default_batched_tokens(inp: PlanInput) -> int:
-    if inp.engine == "lmdeploy":
-        return 8192  # LMDeploy's --max-prefill-token-num default
-    big = inp.gpu_memory_bytes >= 70 * GiB and "a100" not in inp.gpu.lower()
-    return 8192 if big else 2048
-
-
 def validate(inp: PlanInput) -> None:
     """Raise :class:`DiagnosisError` naming every input the engine itself would reject."""
     m = inp.model
@@ -225,6 +204,10 @@ def validate(inp: PlanInput) -> None:
         problems.append(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
     if inp.kv_cache_dtype not in KV_CACHE_DTYPES:
         problems.append(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
+    if inp.vllm_accounting not in ACCOUNTINGS:
+        problems.append(f"vllm_accounting must be one of {', '.join(ACCOUNTINGS)}")
+    if inp.sampler not in SAMPLERS:
+        problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
     if inp.dtype not in _DTYPES:
         problems.append(f"dtype must be one of {', '.join(_DTYPES)}")
     if inp.gpu_memory_bytes <= 0:
@@ -275,14 +258,12 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
     kv_guide = 2 * m.num_layers * m.hidden_size * bits // 8
     kv_guide_gpu = 2 * layers_gpu * (m.hidden_size // tp) * bits // 8
     weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp)) + expert_padding_bytes(inp)
-    framework = FRAMEWORK_BYTES + (MULTI_GPU_EXTRA_BYTES if tp * pp > 1 else 0)
+    overhead = overhead_bytes(inp)
     if inp.engine == "lmdeploy":
-        overhead = inp.overhead_bytes if inp.overhead_bytes is not None else framework
         free = inp.gpu_memory_bytes - weights - overhead
         kv_avail = int(free * inp.cache_max_entry_count)
         weights_fit = free > 0
     else:
-        overhead = inp.overhead_bytes if inp.overhead_bytes is not None else framework + activation_bytes(inp)
         kv_avail = int(inp.gpu_memory_bytes * inp.gpu_memory_utilization) - weights - overhead
         weights_fit = kv_avail > 0
     kv_avail = max(0, kv_avail)

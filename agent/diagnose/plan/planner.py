@@ -10,6 +10,14 @@ numbers into a :class:`Plan` and its recommendations: a shorter ``--max-model-le
 ``--max-num-seqs``, a higher ``--gpu-memory-utilization``, a smaller KV dtype, quantized
 weights, more tensor or pipeline parallelism — each checked by planning it again.
 
+Which vLLM accounting it models (``PlanInput.vllm_accounting``, :mod:`agent.diagnose.plan.overhead`):
+``"v0"`` for the V0 engine, ``"v1"`` (the default) for V1 in vLLM 0.8–0.20 and ``"v1-cudagraphs"``
+for 0.21+, which also reserves its CUDA-graph estimate. ``Plan.kv_bytes_available`` (JSON
+``kv_gib_available``) is vLLM's "Available KV cache memory" line, per GPU: ``total ×
+gpu_memory_utilization − weights − overhead`` (clamped at 0; vLLM logs the negative figure and
+refuses to start); ``max_tokens_in_cache`` is its "GPU KV cache size: N tokens". Calibrated on
+vLLM 0.10–0.11 V1 logs (``tests/fixtures/planner/calibration/``).
+
 Findings carry the flag to change and the value to set; their ``kind`` names the runbook
 (``runbooks/diagnosis-kv-cache-capacity.md``, ``runbooks/diagnosis-weights-do-not-fit.md``).
 """

@@ -305,11 +305,12 @@ def test_store_context_changes_the_suggestion() -> None:
 # -- the planner ------------------------------------------------------------------------------------
 def test_planner_sizes_tensor_parallelism() -> None:
     """For a planner preset on a known GPU the weights finding names the smallest TP the planner starts
-    (checked against the planner itself, TP 2, 4, 8 in turn)."""
+    (checked against the planner itself, TP 2, 4, 8 in turn, at vLLM V1's 1,024 sequences for an H100: their
+    sampler warm-up takes 4.7 GiB per GPU, which leaves TP=2 no room for one 8,192-token sequence)."""
     ctx = OomContext(model="meta-llama/Meta-Llama-3-70B-Instruct", gpu_name="H100", max_model_len=8192)
     f = _only("torch_cuda_oom_legacy_weights_vllm.txt", ctx)
     base = planner.PlanInput(model=planner.find_model(ctx.model or ""), gpu_memory_bytes=planner.gpu_memory_bytes(
-        "H100"), max_model_len=8192)
+        "H100"), max_model_len=8192, max_num_seqs=1024)
     expected = next(tp for tp in (2, 4, 8) if planner.plan(replace(base, tensor_parallel_size=tp)).engine_starts)
     assert (f.setting, f.suggested_value) == ("--tensor-parallel-size", str(expected))
     assert "planner" in f.details
@@ -403,3 +404,18 @@ def test_kv_cache_too_small_reads_the_planners_bytes_per_token() -> None:
     assert f.details["fp8_max_tokens"] == round(0.71 * GiB) // 65536
     assert "alternative_fp8" not in f.details
     assert f.suggested_value == "5632"  # vLLM's own estimate still sets the value
+
+
+def test_negative_available_kv_memory_is_a_kv_startup_failure() -> None:
+    """vLLM V1 logs "Available KV cache memory: -2.14 GiB" (gpt-oss-120b on one H100, vLLM issue 23278)
+    when weights and the profile's activations exceed the budget, then fails to start; the finding
+    says so with the shortfall."""
+    text = (FIXTURES / "planner" / "calibration" / "gpt-oss-120b_h100_v1_aug2025.txt").read_text(encoding="utf-8")
+    [f] = diagnose_oom(text)
+    assert f.kind == "gpu-oom-startup-kv-cache" and f.setting == "--gpu-memory-utilization"
+    assert "vLLM logged -2.14 GiB of KV memory: 2.14 GiB short" in f.summary
+    assert f.details["kv_shortfall_gib"] == 2.14
+    v0 = diagnose_oom("INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes 0.03GiB; "
+                      "PyTorch activation peak memory takes 1.42GiB; the rest of the memory reserved for KV Cache is "
+                      "-1.05GiB.")
+    assert [g.details["kv_shortfall_gib"] for g in v0] == [1.05]

@@ -11,7 +11,8 @@ the serving flags and the figures vLLM logged. This module
   (:func:`predict`) and compares (:func:`compare`) against the issue's targets: KV memory
   within max(10 %, 1.5 GiB), KV token capacity within 10 %; weights within 5 % and KV bytes
   per token within 10 % on the side, because they say *which* part of the arithmetic is off;
-* prints the table (``python -m tests.diagnose.plan.calibration``).
+* prints the table (``python -m tests.diagnose.plan.calibration``: one row per case with the
+  logged and predicted KV GiB and tokens, their errors and pass/xfail; ``--detail``: every check).
 
 ``tests/diagnose/plan/test_calibration.py`` holds the planner to it; cases the planner
 cannot meet yet carry an ``xfail`` reason in the index.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 
 from agent.diagnose.plan.memory import QUANTIZATIONS, GiB, PlanInput
 from agent.diagnose.plan.models import gpu_memory_bytes, load_model_config
+from agent.diagnose.plan.overhead import accounting_for_version, default_max_num_seqs
 from agent.diagnose.plan.planner import Plan, plan
 from agent.errors import DiagnosisError
 
@@ -224,10 +227,13 @@ def predict(case: Case) -> Prediction:
     if gpu is None:
         notes.append("GPU total unknown: weights and bytes/token only")
     flags = case.flags
+    accounting = accounting_for_version(case.vllm_version, v0_engine=case.engine == "V0")
+    seqs = flags.get("max_num_seqs") or default_max_num_seqs(gpu or _NOMINAL_GPU, case.gpu, accounting)
     inp = PlanInput(model=spec, gpu_memory_bytes=gpu or _NOMINAL_GPU,
                     tensor_parallel_size=int(flags.get("tensor_parallel_size", 1)),
                     pipeline_parallel_size=int(flags.get("pipeline_parallel_size", 1)),
-                    max_model_len=flags.get("max_model_len"), max_num_seqs=int(flags.get("max_num_seqs", 256)),
+                    max_model_len=flags.get("max_model_len"), max_num_seqs=int(seqs), vllm_accounting=accounting,
+                    sampler=str(flags.get("sampler", "native")),
                     gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)), quantization=quant,
                     kv_cache_dtype=str(flags.get("kv_cache_dtype", "auto")), block_size=case.block_size,
                     max_num_batched_tokens=flags.get("max_num_batched_tokens"), gpu=case.gpu)
@@ -285,7 +291,7 @@ def compare(case: Case, pred: Prediction) -> list[Check]:
 def _flags_text(flags: Mapping[str, Any]) -> str:
     short = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "max_model_len": "len",
              "gpu_memory_utilization": "util", "max_num_seqs": "seqs", "max_num_batched_tokens": "mnbt",
-             "kv_cache_dtype": "kv", "quantization": "q", "block_size": "block"}
+             "kv_cache_dtype": "kv", "quantization": "q", "block_size": "block", "sampler": "sampler"}
     return " ".join(f"{short.get(k, k)}={v}" for k, v in flags.items())
 
 
@@ -317,8 +323,42 @@ def table(cases: Iterable[Case]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def main() -> None:
-    print(table(load_cases()))
+def _pct(check: Check | None) -> str:
+    return "-" if check is None or check.error is None else f"{check.error:+.1%}"
+
+
+def status(case: Case, checks: list[Check]) -> str:
+    """``pass`` (every figure within tolerance), ``xfail`` (a miss the index explains), ``FAIL``
+    (an unexplained miss), ``XPASS`` (an xfail that now passes) or ``skip``."""
+    if case.skip:
+        return "skip"
+    ok = bool(checks) and all(c.ok for c in checks)
+    if case.xfail:
+        return "XPASS" if ok else "xfail"
+    return "pass" if ok else "FAIL"
+
+
+def summary_table(cases: Iterable[Case]) -> str:
+    """One row per case: case, model, GPU, flags, logged/predicted/error of KV GiB and KV tokens, status."""
+    rows = [("case", "model", "GPU", "flags", "KV GiB", "pred", "err", "tokens", "pred", "err", "status")]
+    for case in cases:
+        checks = [] if case.skip else compare(case, predict(case))
+        kv = next((c for c in checks if c.name == "KV GiB"), None)
+        tok = next((c for c in checks if c.name == "KV tokens"), None)
+        rows.append((case.id, case.model.split("/")[-1], case.gpu, _flags_text(case.flags),
+                     "-" if kv is None else _num(kv.logged), "-" if kv is None else _num(kv.predicted), _pct(kv),
+                     "-" if tok is None else _num(tok.logged), "-" if tok is None else _num(tok.predicted), _pct(tok),
+                     status(case, checks)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the summary table (``--detail``: every check of every case, with notes)."""
+    cases = load_cases()
+    print(table(cases) if "--detail" in (argv if argv is not None else sys.argv[1:]) else summary_table(cases))
 
 
 if __name__ == "__main__":

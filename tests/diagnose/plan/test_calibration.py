@@ -26,6 +26,8 @@ from tests.diagnose.plan.calibration import (
     load_cases,
     parse_startup_log,
     predict,
+    status,
+    summary_table,
     table,
 )
 
@@ -65,7 +67,8 @@ def test_parser_reads_the_logged_figures(case: Case) -> None:
     table of figures, each listed figure appears in it as written)."""
     if case.kind == "table":
         text = (PLANNER_FIXTURES / case.log).read_text(encoding="utf-8")
-        assert all(f"{value:.2f}" in text for value in case.logged.values()), case.logged
+        assert all((f"{value:,}" if isinstance(value, int) else f"{value:.2f}") in text
+                   for value in case.logged.values()), case.logged
         return
     assert case.figures().logged() == dict(case.logged)
 
@@ -122,3 +125,22 @@ def test_table_has_a_row_per_case(capsys: pytest.CaptureFixture[str]) -> None:
         print("\n" + text)
     assert all(c.id in text for c in CASES)
     assert text.splitlines()[0].split()[:3] == ["case", "GPU", "flags"]
+
+
+def test_summary_table_has_one_row_per_case_with_its_status() -> None:
+    """The summary (what ``python -m tests.diagnose.plan.calibration`` prints) has a row per case; a case
+    with an xfail reason reads xfail or XPASS, a skipped one skip, and no case reads FAIL."""
+    lines = summary_table(CASES).splitlines()
+    assert lines[0].split()[:4] == ["case", "model", "GPU", "flags"] and len(lines) == len(CASES) + 2
+    for case, line in zip(CASES, lines[2:], strict=True):
+        assert line.startswith(case.id + " ")
+        word = line.split()[-1]
+        assert word == status(case, [] if case.skip else compare(case, predict(case)))
+        assert word in (("xfail", "XPASS") if case.xfail else ("skip",) if case.skip else ("pass",))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_sampler_flag_follows_the_excerpt(case: Case) -> None:
+    """``"sampler": "flashinfer"`` exactly where the excerpt logs vLLM choosing FlashInfer's sampler."""
+    text = (PLANNER_FIXTURES / case.log).read_text(encoding="utf-8")
+    assert (case.flags.get("sampler") == "flashinfer") == ("Using FlashInfer for top-p & top-k sampling" in text)

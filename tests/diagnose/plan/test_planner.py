@@ -150,9 +150,9 @@ def test_guide_worked_example_llama3_70b_4bit_a100() -> None:
     # 70,553,706,496 − 2,101,346,304 = 68,452,360,192 params at 0.5 + 2.5/128 = 133/256 B each.
     embed = 2 * 128256 * 8192
     assert p.weights_bytes_per_gpu == embed * 2 + (70_553_706_496 - embed) * 133 // 256  # 39,765,832,864 B ≈ 37.0 GiB
-    # Memory for KV: 81920 MiB × 0.9 − weights − (1 GiB framework + 2048 tokens × 8192 × 2 B × 12
-    # activations + 256 seqs × 128256 vocab × 4 B × 2 logits).
-    overhead = GiB + 2048 * 8192 * 2 * 12 + 256 * 128256 * 8
+    # Memory for KV (vLLM V1): 81920 MiB × 0.9 − weights − (140 MiB non-torch + the larger of the forward
+    # pass, 2048 tokens × 8192 × 2 B × 12, and the sampler warm-up, 256 rows × 128256 vocab × 38.8 B).
+    overhead = 140 * 2**20 + max(2048 * 8192 * 2 * 12, 1_273_941_196)
     kv = int(A100_80 * 0.9) - p.weights_bytes_per_gpu - overhead
     assert p.kv_bytes_available == kv
     blocks = kv // (16 * 327_680)
@@ -182,14 +182,15 @@ def test_lmdeploy_int8_kv_stores_scales() -> None:
 def test_llama_2_7b_on_a100_40gb_by_hand() -> None:
     """Llama-2-7B (MHA) on an A100-40GB at vLLM defaults: KV 2 × 32 × 32 × 128 × 2 = 524,288 B/token (the
     guide's formula agrees: no GQA); weights 6,738,415,616 × 2 B; KV memory 40960 MiB × 0.9 − weights −
-    (1 GiB + 2048 × 4096 × 2 × 12 + 256 × 32000 × 8) = 23,837,270,016 B = 2,841 blocks of 16 tokens
-    = 45,456 tokens = 11 sequences of 4,096."""
+    (140 MiB non-torch + the sampler warm-up's 256 × 32000 × 38.8 B, larger than the forward's
+    2048 × 4096 × 2 × 12) = 24,713,224,192 B = 2,946 blocks of 16 tokens = 47,136 tokens = 11 sequences
+    of 4,096."""
     p = plan(PlanInput(find_model("Llama-2-7B"), A100_40, gpu="A100-40GB"))
     assert p.kv_bytes_per_token == p.kv_bytes_per_token_guide == 524_288
     assert p.weights_bytes_per_gpu == 13_476_831_232
-    assert p.overhead_bytes == 1_073_741_824 + 201_326_592 + 65_536_000
-    assert p.kv_bytes_available == 38_654_705_664 - 13_476_831_232 - 1_340_604_416 == 23_837_270_016
-    assert (p.max_tokens_in_cache, p.max_concurrent_seqs) == (2841 * 16, 11)
+    assert p.overhead_bytes == 146_800_640 + 317_849_600
+    assert p.kv_bytes_available == 38_654_705_664 - 13_476_831_232 - 464_650_240 == 24_713_224_192
+    assert (p.max_tokens_in_cache, p.max_concurrent_seqs) == (2946 * 16, 11)
     assert not p.fits and p.weights_fit
 
 
@@ -209,7 +210,7 @@ def test_against_vllm_profile_llama3_8b_80gb() -> None:
     util = _log_value(text, r"gpu_memory_utilization\s+([\d.]+)")
     vllm_kv = _log_value(text, r"available_kv_cache_memory\s+([\d.]+)GiB") * GiB
     p = plan(PlanInput(find_model("Llama-3-8B"), int(total * GiB), gpu_memory_utilization=util,
-                       max_num_batched_tokens=8192))
+                       max_num_batched_tokens=8192, vllm_accounting="v0"))
     assert round(p.weights_bytes_per_gpu / GiB, 2) == _log_value(text, r"model weights take\s+([\d.]+)GiB")
     assert abs(p.kv_bytes_available - vllm_kv) <= 1.5 * GiB
     vllm_tokens = vllm_kv / (2 * 32 * 8 * 128 * 2)  # 53.29 GiB / 131,072 B = 436,551 tokens
@@ -225,7 +226,7 @@ def test_against_vllm_log_llama31_8b_rtx3090() -> None:
     vllm_kv = _log_value(text, r"kv_cache_size=([\d.]+)GiB") * GiB
     vllm_tokens = int(_log_value(text, r"GPU blocks: (\d+)")) * 16
     p = plan(PlanInput(find_model("Llama-3-8B"), int(total * GiB), max_model_len=20000,
-                       max_num_batched_tokens=20000))
+                       max_num_batched_tokens=20000, vllm_accounting="v0"))
     assert abs(p.kv_bytes_available - vllm_kv) <= 1.5 * GiB
     assert p.max_tokens_in_cache <= vllm_tokens  # our estimate errs on the safe side here
     assert p.max_concurrent_seqs == int(_log_value(text, r"concurrency for 20000 tokens per request: ([\d.]+)x"))
@@ -250,7 +251,7 @@ def test_pipeline_parallel_splits_layers() -> None:
 
 def test_weights_do_not_fit_recommends_quantization_and_tp() -> None:
     """Llama-3-70B in bf16 (141 GB) on one A100-80GB: weights do not fit; suggest AWQ and TP=8 (the most
-    sequences within a node: at TP=8 weights are 17.6 GB/GPU and 167 sequences of 8,192 tokens fit, fewer
+    sequences within a node: at TP=8 weights are 17.6 GB/GPU and 172 sequences of 8,192 tokens fit, fewer
     than 256, so no smaller TP satisfies max_num_seqs)."""
     p = plan(PlanInput(find_model("Llama-3-70B"), A100_80, gpu="A100-80GB"))
     assert not p.weights_fit and not p.fits and not p.engine_starts
@@ -258,10 +259,11 @@ def test_weights_do_not_fit_recommends_quantization_and_tp() -> None:
     assert settings == {"--quantization": "awq", "--tensor-parallel-size": "8"}
     assert all(f.kind == "weights-do-not-fit" and f.runbook_url.endswith("/diagnosis-weights-do-not-fit.md")
                for f in p.recommendations)
-    # TP=8 by hand: KV = 81920 MiB × 0.9 − 141,107,412,992 / 8 − (2.5 GiB + 2048 × 8192 × 24 + 256 × 128256 × 8)
-    kv = int(A100_80 * 0.9) - 141_107_412_992 // 8 - (5 * GiB // 2 + 402_653_184 + 262_668_288)
-    assert kv // (16 * 2 * 80 * 1 * 128 * 2) // 512 == 167
-    assert "167 full-length sequences" in next(f.summary for f in p.recommendations if f.setting.startswith("--t"))
+    # TP=8 by hand: KV = 81920 MiB × 0.9 − 141,107,412,992 / 8 − (140 + 420 MiB non-torch at TP > 1 + the
+    # sampler warm-up's 256 × 128256 × 38.8 B, larger than the forward's 2048 × 8192 × 24)
+    kv = int(A100_80 * 0.9) - 141_107_412_992 // 8 - (560 * 2**20 + 1_273_941_196)
+    assert kv // (16 * 2 * 80 * 1 * 128 * 2) // 512 == 172
+    assert "172 full-length sequences" in next(f.summary for f in p.recommendations if f.setting.startswith("--t"))
 
 
 def test_kv_shortfall_recommendations_are_consistent() -> None:
