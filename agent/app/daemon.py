@@ -44,6 +44,7 @@ from agent.app.server import (
     server_status,
 )
 from agent.app.telemetry import AgentCollector, SourceCollector, build_registry
+from agent.app.triage import Reports
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
 from agent.collect import catalog
 from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
@@ -141,6 +142,9 @@ class Agent:
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream)
         history = RemoteHistory(config.source) if config.source.remote else None
+        self.reports = Reports(self.act.db, lambda: [g.spec for g in self.rules.groups],
+                               engine=None if history is not None else Engine(self.store), history=history,
+                               clock=clock, min_step_ms=int(config.scrape.interval * 1000))
         self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history)
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
         # remote_write: what the rules write (and, if asked, what scrapes store) is collected per evaluation
@@ -216,6 +220,9 @@ class Agent:
 
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.act.accept_webhook(body)
+
+    async def incident_report(self, incident_id: int, fmt: str) -> str:
+        return await self.reports.render(incident_id, fmt)
 
     def webhook_refused(self) -> None:
         self.act.intake_stats.rejected += 1
@@ -410,6 +417,8 @@ class Agent:
                      max_connections=cfg.server.max_connections)
             for warning in self.server_warnings():
                 log.warning("check the HTTP endpoint settings", problem=warning)
+        if not cfg.server.external_url and any(r.kind == "slack" for r in cfg.receivers):
+            log.info("server.external_url is not set: Slack messages will not link the incident's triage report")
         if cfg.scrape.shards is not None:
             log.info("scraping one shard of the targets (Prometheus hashmod of __address__)",
                      shard=cfg.scrape.shards.index, shards=cfg.scrape.shards.total)

@@ -43,8 +43,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
+from agent.app.triage import CONTENT_TYPES, CSP, FORMATS
 from agent.config import ServerConfig
-from agent.errors import ConfigError, StateError
+from agent.errors import ConfigError, NotFoundError, StateError
 
 __all__ = [
     "BACKLOG",
@@ -103,6 +104,8 @@ class AgentView(Protocol):
     async def expire_silence(self, silence_id: str) -> bool: ...
 
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def incident_report(self, incident_id: int, fmt: str) -> str: ...
 
     def webhook_refused(self) -> None: ...
 
@@ -278,6 +281,24 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         except StateError:  # logged by the act layer; a 5xx makes Alertmanager retry
             return _error(503, "unavailable", "the state database refused the write; retry later")
 
+    async def incident_report(request: web.Request) -> web.Response:
+        """The triage report (agent.app.triage): HTML by default, ``?format=md`` or ``json``."""
+        fmt = request.query.get("format", "html")
+        text = request.match_info["id"]
+        if fmt not in FORMATS:
+            raise _BadRequest(f"format must be one of {', '.join(FORMATS)}, not {fmt[:20]!r}")
+        if not text.isdigit() or len(text) > 18:
+            raise _BadRequest(f"an incident id is a positive integer, not {text[:40]!r}")
+        try:
+            body = await agent.incident_report(int(text), fmt)
+        except NotFoundError as exc:
+            if fmt == "json":
+                return _error(404, "not_found", str(exc))
+            return web.Response(status=404, text=f"{exc}\n")
+        headers = {"Content-Type": CONTENT_TYPES[fmt], "Content-Security-Policy": CSP,
+                   "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+        return web.Response(text=body, headers=headers)
+
     async def index(_: web.Request) -> web.Response:
         return web.Response(
             text="sre-agent\n\n/metrics  /healthz  /readyz  /api/v1/targets  /api/v1/alerts  /api/v1/rules  "
@@ -303,6 +324,7 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
     app.router.add_post("/api/v1/silences", add_silence)
     app.router.add_delete("/api/v1/silences/{id}", expire_silence)
     app.router.add_post("/api/v1/alertmanager/webhook", alertmanager_webhook)
+    app.router.add_get("/incidents/{id}", incident_report)
     return app
 
 
