@@ -45,6 +45,7 @@ from agent.app.server import (
 )
 from agent.app.telemetry import AgentCollector, SourceCollector, build_registry
 from agent.app.triage import Reports
+from agent.app.triage.series import CONTEXT_FAMILIES
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
 from agent.collect import catalog
 from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
@@ -88,8 +89,9 @@ def rule_selector(text: str) -> list[Matcher]:
 
 
 def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
-    """The families to store: the catalog's health families, ``store.keep`` and every
-    metric name a loaded rule selects (DESIGN.md decision 3)."""
+    """The families to store: the catalog's health families, the triage report's context
+    (:data:`~agent.app.triage.series.CONTEXT_FAMILIES`), ``store.keep`` and every metric name a
+    loaded rule selects (DESIGN.md decision 3)."""
     if config.store.keep_all:
         return KeepList(None)
     names: set[str] = set()
@@ -100,7 +102,7 @@ def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList
                         group=g.name, file=g.file)
             return KeepList(None)
         names |= group_names
-    return KeepList(catalog.default_keep_families() | frozenset(config.store.keep) | names)
+    return KeepList(catalog.default_keep_families() | CONTEXT_FAMILIES | frozenset(config.store.keep) | names)
 
 
 @dataclass

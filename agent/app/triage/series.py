@@ -25,8 +25,8 @@ from agent.errors import AgentError
 from agent.promql import Engine
 from agent.promql.history import RemoteHistory
 
-__all__ = ["MAX_LINES", "Line", "PlotData", "PlotSpec", "Query", "RangeQuery", "Window", "fetch", "local_query",
-           "plot_specs", "remote_query", "window"]
+__all__ = ["CONTEXT_FAMILIES", "MAX_LINES", "Line", "PlotData", "PlotSpec", "Query", "RangeQuery", "Window", "fetch",
+           "local_query", "plot_specs", "remote_query", "window"]
 
 #: One series: labels, times (Unix ms), values.
 Points = tuple[dict[str, str], list[int], list[float]]
@@ -36,6 +36,13 @@ _POINTS = 240  # per series across the window: finer than a plot's pixels need i
 _MIN_PAD_MS = 5 * 60_000
 _MAX_PAD_MS = 60 * 60_000
 _VLLM_SCOPE = ("job", "instance", "model_name")
+#: What the context plots read beyond the catalog's health families, so the embedded store keeps it
+#: whatever rules are loaded (:func:`agent.app.daemon.keep_list`).
+CONTEXT_FAMILIES = frozenset({"vllm:time_to_first_token_seconds_bucket", "lmdeploy:time_to_first_token_seconds_bucket",
+                              "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_waiting",
+                              "vllm:num_requests_running", "vllm:generation_tokens_total", "DCGM_FI_DEV_FB_USED",
+                              "DCGM_FI_DEV_FB_FREE", "lmdeploy:num_requests_waiting", "lmdeploy:num_requests_running",
+                              "lmdeploy:generation_tokens_total", "lmdeploy:kv_cache_usage_perc"})
 _GPU_SCOPE = ("gpu", "Hostname", "hostname", "UUID")
 
 
