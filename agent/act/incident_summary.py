@@ -16,12 +16,17 @@ from datetime import UTC, datetime
 from agent.act.state.records import Incident
 from agent.config.types import format_duration
 
-__all__ = ["clock_utc", "format_value", "one_line"]
+__all__ = ["clock_utc", "format_value", "human_duration", "one_line"]
 
 
 def clock_utc(ms: int) -> str:
     """Unix ms -> ``12:03:10 UTC`` (the date is on the report; a line stays short)."""
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%H:%M:%S UTC")
+
+
+def human_duration(ms: int) -> str:
+    """A duration as people say it: whole seconds (``14m30s``), ``0s`` under half a second."""
+    return format_duration(round(max(ms, 0) / 1000))
 
 
 def format_value(value: object) -> str:
@@ -39,9 +44,9 @@ def one_line(incident: Incident, *, now_ms: int) -> str:
     if fired is not None and "value" in fired.detail:
         head += f" at {format_value(fired.detail['value'])}"
     if incident.resolved_ms:
-        head += f", resolved after {format_duration(max(0, incident.resolved_ms - incident.started_ms) / 1000)}"
+        head += f", resolved after {human_duration(incident.resolved_ms - incident.started_ms)}"
     else:
-        head += f", firing for {format_duration(max(0, now_ms - incident.started_ms) / 1000)}"
+        head += f", firing for {human_duration(now_ms - incident.started_ms)}"
     parts.append(head)
     notified = Counter(str(e.detail.get("receiver", "?")) for e in incident.events if e.kind == "notified")
     failed = sorted({str(e.detail.get("receiver", "?")) for e in incident.events if e.kind == "notify_failed"})

@@ -57,6 +57,7 @@ class NotificationOutcome:
     status: str  # firing | resolved (what the message said), "" if unknown
     attempts: int  # 0: not recorded (an incident from before attempts were recorded)
     error: str = ""
+    kind: str = "alerts"  # alerts | finding (a finding posted into the alert's thread) | scale
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def facts(state: StateRead, groups: Iterable[GroupSpec], *, now_ms: int) -> Fact
             out.notifications.append(NotificationOutcome(
                 e.at_ms, str(d.get("receiver", "")), "delivered" if e.kind == "notified" else "failed",
                 str(d.get("status", "")), int(d.get("attempts", 0) or 0),
-                str(d.get("error") or d.get("last_error") or "")))
+                str(d.get("error") or d.get("last_error") or ""), str(d.get("kind") or "alerts")))
         elif e.kind == "action":
             out.actions.append(ScaleAction(e.at_ms, str(d.get("action", "")), str(d.get("service", "")),
                                            int(d.get("from_replicas", 0)), int(d.get("to_replicas", 0)),
@@ -151,7 +152,7 @@ def facts(state: StateRead, groups: Iterable[GroupSpec], *, now_ms: int) -> Fact
     for item in state.waiting:
         n = item.notification()
         out.notifications.append(NotificationOutcome(item.created_ms, item.receiver, "retrying", n.status,
-                                                     item.attempts, item.last_error))
+                                                     item.attempts, item.last_error, n.kind))
     out.notifications.sort(key=lambda n: n.at_ms)
     out.silences.extend(_silences(state.silences, inc.labels, out.start_ms, out.end_ms))
     return out

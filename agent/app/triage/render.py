@@ -33,7 +33,7 @@ CONTENT_TYPES = {"html": "text/html; charset=utf-8", "md": "text/markdown; chars
                  "json": "application/json"}
 #: What the page needs: its own inline style and data: images, nothing else.
 CSP = "default-src 'none'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|~])")  # what makes markup (emphasis, code, links, tables); not . - ( )
 
 
 def _utc(ms: int) -> str:

@@ -37,6 +37,13 @@ class Report:
     source: str
     images: list[bytes] = field(default_factory=list)
 
+    @property
+    def shown_start_ms(self) -> int:
+        """Where the plots start: the window's start, or the first sample if later (a young agent)."""
+        firsts = [line.ts[0] for p in self.plots for line in p.lines if line.ts]
+        start = max(self.window.start_ms, min(firsts, default=self.window.start_ms))
+        return min(start, self.facts.start_ms)
+
 
 def assemble(f: Facts, w: Window, plots: list[PlotData], source: str) -> Report:
     return Report(f, timeline(f), w, plots, summary(f, plots), one_line(f.incident, now_ms=f.now_ms), source)
@@ -51,7 +58,7 @@ def draw_all(report: Report) -> list[bytes]:
     """Every plot as PNG (CPU-heavy: a worker thread in the daemon)."""
     f = report.facts
     return [draw(p, report.window, pending_ms=f.pending_ms, fired_ms=f.incident.started_ms,
-                 resolved_ms=f.incident.resolved_ms) for p in report.plots]
+                 resolved_ms=f.incident.resolved_ms, start_ms=report.shown_start_ms) for p in report.plots]
 
 
 def build(state: StateRead, groups: Iterable[GroupSpec], *, now_ms: int, query: RangeQuery | None, source: str,

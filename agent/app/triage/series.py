@@ -197,6 +197,8 @@ def fetch(spec: PlotSpec, w: Window, query: RangeQuery, incident_labels: Mapping
                                            if k != "__name__"):
                 continue
             lines.append(Line(_label(q, labels), ts, vs, q.role))
+        if len(lines) == 1 and q.name and q.role != "context":  # one value (threshold) series: its name says it
+            lines[0].label = q.name
         lines.sort(key=lambda line: -max((v for v in line.values if math.isfinite(v)), default=-math.inf))
         data.lines += lines[:MAX_LINES]
     return data

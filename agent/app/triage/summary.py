@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from agent.act.incident_summary import clock_utc, format_value
+from agent.act.incident_summary import clock_utc, format_value, human_duration
 from agent.app.triage.facts import Facts
 from agent.app.triage.series import PlotData
-from agent.config.types import format_duration
 
 __all__ = ["peak", "summary"]
 
@@ -49,7 +48,7 @@ def summary(f: Facts, plots: list[PlotData]) -> list[str]:
     first = f"{inc.alertname}{sev} fired{' for ' + where if where else ''} at {clock_utc(inc.started_ms)}"
     if f.pending_ms is not None and f.pending_ms < inc.started_ms:
         approx = "about " if f.pending_estimated else ""
-        first += f" after {approx}{format_duration((inc.started_ms - f.pending_ms) / 1000)} pending"
+        first += f" after {approx}{human_duration(inc.started_ms - f.pending_ms)} pending"
     if rule is not None and rule.condition:
         first += f": {rule.value_expr} {rule.condition}"
         if f.fired_value is not None:
@@ -57,9 +56,9 @@ def summary(f: Facts, plots: list[PlotData]) -> list[str]:
     out.append(first + ".")
     if inc.resolved_ms:
         out.append(f"It resolved at {clock_utc(inc.resolved_ms)}, "
-                   f"{format_duration((inc.resolved_ms - inc.started_ms) / 1000)} later.")
+                   f"{human_duration(inc.resolved_ms - inc.started_ms)} later.")
     else:
-        out.append(f"It is still firing, {format_duration((f.now_ms - inc.started_ms) / 1000)} after it started.")
+        out.append(f"It is still firing, {human_duration(f.now_ms - inc.started_ms)} after it started.")
     top = peak(plots)
     if top is not None:
         out.append(f"The firing series peaked at {format_value(top[0])} at {clock_utc(top[1])}.")

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.act.incident_summary import format_value
+from agent.act.incident_summary import format_value, human_duration
 from agent.app.triage.facts import Facts
-from agent.config.types import format_duration
 
 __all__ = ["Entry", "timeline"]
 
@@ -45,11 +44,11 @@ def timeline(f: Facts) -> list[Entry]:
         cond = f" ({rule.value_expr} {rule.condition})" if rule is not None and rule.condition else ""
         how = "estimated from the rule's for" if f.pending_estimated else "the condition first held"
         rows.append(Entry(f.pending_ms, "pending", f"pending: {how}{cond}"))
-    wait = f" after {format_duration((inc.started_ms - f.pending_ms) / 1000)} pending" if f.pending_ms else ""
+    wait = f" after {human_duration(inc.started_ms - f.pending_ms)} pending" if f.pending_ms else ""
     value = f" at value {format_value(f.fired_value)}" if f.fired_value is not None else ""
     rows.append(Entry(inc.started_ms, "firing", f"firing{value}{wait}"))
     for n in f.notifications:
-        what = f"{n.status} notification" if n.status else "notification"
+        what = ("finding" if n.kind == "finding" else f"{n.status} notification" if n.status else "notification")
         if n.outcome == "delivered":
             text = f"{what} delivered to {n.receiver}{_attempts(n.attempts)}"
             ok = "ok"
@@ -79,7 +78,7 @@ def timeline(f: Facts) -> list[Entry]:
             rows.append(Entry(s.ends_ms, "silence", f"silence {s.id[:8]} ended"))
     if inc.resolved_ms:
         rows.append(Entry(inc.resolved_ms, "resolved",
-                          f"resolved after {format_duration((inc.resolved_ms - inc.started_ms) / 1000)} firing",
+                          f"resolved after {human_duration(inc.resolved_ms - inc.started_ms)} firing",
                           "ok"))
     order = {"pending": 0, "firing": 1, "action": 2, "notification": 3, "finding": 4, "silence": 5, "resolved": 6}
     return sorted(rows, key=lambda r: (r.at_ms, order.get(r.kind, 9)))
