@@ -241,6 +241,9 @@ async def _screenshot(url: str, path: Path) -> Path:
             response = await page.goto(url)
             assert response is not None and response.ok
             await page.wait_for_selector("section#plots figure.plot img")
+            drawn = await page.eval_on_selector_all(
+                "figure.plot img", "els => els.filter(e => e.complete && e.naturalWidth > 0).length")
+            assert drawn == 6, f"{drawn} of 6 plots drawn by the browser"
             await page.screenshot(path=str(path), full_page=True)
             assert not errors, f"browser console errors (a CSP violation?): {errors}"
         finally:
