@@ -18,6 +18,7 @@ import json
 import math
 import re
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any
 
 import jinja2
@@ -70,7 +71,8 @@ def _environment() -> jinja2.Environment:
                                             default=True, default_for_string=True),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     )
-    env.filters.update(utc=_utc, clock=_clock, md=_md, link=_link, data_uri=_data_uri)
+    env.filters.update(utc=_utc, clock=_clock, md=_md, link=_link, data_uri=_data_uri,
+                       basename=lambda path: PurePath(str(path)).name)  # a rule file's name, not the host's paths
     return env
 
 
