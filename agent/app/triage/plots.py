@@ -102,8 +102,10 @@ def draw(data: PlotData, w: Window, *, pending_ms: int | None, fired_ms: int, re
         ax.spines[side].set_visible(False)
     handles, labels = ax.get_legend_handles_labels()
     if handles:  # outside the axes (constrained layout makes room): right of a wide plot, under a narrow one
-        loc = "outside right upper" if wide else "outside lower center"
-        fig.legend(handles, labels, loc=loc, ncol=1 if wide else min(3, len(labels)), fontsize=8, frameon=False)
+        if wide:
+            fig.legend(handles, labels, loc="outside right upper", ncol=1, fontsize=8, frameon=False)
+        else:
+            fig.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
     return buf.getvalue()
