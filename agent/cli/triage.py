@@ -107,7 +107,10 @@ class _AgentFailed(AgentError):
 
 def _local(args: argparse.Namespace, config: Config | None) -> str:
     now_ms = int(time.time() * 1000)
-    db = StateDB(config.state.path if config is not None else (args.db or "sre-agent.db"))
+    path = config.state.path if config is not None else (args.db or "sre-agent.db")
+    if not Path(path).exists():  # opening would create an empty one
+        raise NotFoundError(f"no state database at {path} (the agent's state.path; --config or --db)")
+    db = StateDB(path)
     try:
         state = read_state(db, args.incident, now_ms=now_ms)
     finally:

@@ -167,3 +167,13 @@ async def test_reports_are_cached_per_incident_version(tmp_path: Path) -> None:
         assert reports.built == 2 and second != first and "resolved notification delivered to slack" in second
     finally:
         await db.aclose()
+
+
+def test_cli_names_a_missing_state_database_and_creates_none(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``sre-agent triage --db`` on a path with no database exits 2 saying so, and leaves no empty file behind."""
+    from agent.cli import main
+
+    missing = tmp_path / "nope.db"
+    assert main(["triage", "1", "--db", str(missing)]) == 2
+    assert f"no state database at {missing}" in capsys.readouterr().err and not missing.exists()
