@@ -18,14 +18,18 @@ the Slack messages, the CLI's output against the running agent, and, with a brow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from agent.app.daemon import Agent
@@ -82,12 +86,17 @@ def artifacts_dir(tmp: Path) -> Path:
 
 
 def _flaky_webhook() -> RecordingServer:
-    """A webhook receiver answering 503 to its first two requests, then 200."""
+    """A webhook receiver answering 503 to the first two attempts of each firing alert notification (told apart
+    by their ``Idempotency-Key``), 200 to the third and to everything else."""
     server = RecordingServer()
 
     async def respond(request: web.Request, body: bytes) -> web.StreamResponse:
-        if len(server.requests) <= 2:
-            return web.Response(status=503, text="busy (test fault)\n")
+        key = request.headers.get("Idempotency-Key", "")
+        payload = json.loads(body or b"{}")
+        if payload.get("kind") != "finding" and payload.get("status") == "firing":
+            tries = [r for r in server.requests if r.key == key]
+            if len(tries) <= 2:
+                return web.Response(status=503, text="busy (test fault)\n")
         return web.Response(text="ok\n")
     server.responder = respond
     return server
@@ -212,15 +221,36 @@ async def _resolve_update(slack: FakeSlack) -> bool | None:
     return True if any(m.header().startswith(":white_check_mark: [RESOLVED]") for m in slack.messages) else None
 
 
-async def _cli(tmp: Path, base: str, iid: int) -> dict[str, str]:
-    """``sre-agent triage`` against the running agent (in a thread: the agent answers on this loop)."""
+@contextlib.contextmanager
+def keep_logging() -> Iterator[None]:
+    """The CLI configures logging (warnings only, to stderr); a module fixture that runs it puts it back, as
+    tests/conftest.py does around each test (which saved it after the module fixture had run)."""
+    saved, root, ours = structlog.get_config(), logging.getLogger(), logging.getLogger("agent")
+    handlers, level, our_level = root.handlers[:], root.level, ours.level
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        ours.setLevel(our_level)
+
+
+async def cli(argv: list[str]) -> int:
+    """``sre-agent ARGV`` in a thread (a running agent answers on this loop), logging put back afterwards."""
     from agent.cli import main
 
+    with keep_logging():
+        return await asyncio.to_thread(main, argv)
+
+
+async def _cli(tmp: Path, base: str, iid: int) -> dict[str, str]:
+    """``sre-agent triage`` against the running agent."""
     outputs: dict[str, str] = {}
     for name, argv in (("agent-json", ["triage", str(iid), "--agent", base, "--format", "json"]),
                        ("latest-md", ["triage", "--latest", "--agent", base, "--format", "md"])):
         out = tmp / f"cli-{name}.txt"
-        code = await asyncio.to_thread(main, [*argv, "--out", str(out)])
+        code = await cli([*argv, "--out", str(out)])
         outputs[name] = f"{code}\n{out.read_text(encoding='utf-8') if out.exists() else ''}"
     return outputs
 

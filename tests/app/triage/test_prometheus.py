@@ -4,7 +4,6 @@ on Prometheus, both from the daemon (GET /incidents/{id}) and from the CLI with 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,7 +11,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from agent.cli import main
 from tests.app.triage import realrun
 from tests.prometheus import Prometheus
 
@@ -34,8 +32,8 @@ async def run(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[st
             config.write_text(json.dumps(raw))
             iid = str(json.loads(out.reports["json"])["incident"]["id"])
             cli_out = tmp / "cli.json"
-            code = await asyncio.to_thread(main, ["triage", iid, "--config", str(config), "--format", "json",
-                                                  "--out", str(cli_out)])
+            code = await realrun.cli(["triage", iid, "--config", str(config), "--format", "json",
+                                      "--out", str(cli_out)])
             cli = json.loads(cli_out.read_text()) if code == 0 else {}
             url = prom.url
     finally:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 import structlog
 
 from agent.app.daemon import Agent
+from agent.app.logs import configure_logging
 from agent.config import Config
 
 
@@ -27,6 +29,7 @@ async def test_start_up_says_when_slack_messages_carry_no_report_link(tmp_path: 
                                                                       says: bool) -> None:
     """With a Slack receiver and no server.external_url the agent logs at info level that there is no link."""
     agent = Agent(_config(tmp_path, **server))
+    configure_logging("console", "info", stream=io.StringIO())  # whatever an earlier test left (conftest restores)
     with structlog.testing.capture_logs() as logs:
         await agent.start(serve_http=False)
         await agent.stop()
