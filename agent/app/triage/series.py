@@ -4,7 +4,9 @@ Six plots: the firing series (the rule's value side, with its threshold as a lin
 threshold is an expression, as a second series) and the context a person checks next on an LLM
 server: KV-cache usage, requests waiting vs running, TTFT p99, generation throughput and GPU
 memory per GPU. Each is a few PromQL range queries scoped to the incident's labels
-(:func:`agent.app.triage.rule.scoped`), over a window around the incident (:func:`window`).
+(:func:`agent.app.triage.rule.scoped`), over a window around the incident (:func:`window`). GPUs are
+scoped to the alert's ``gpu``/``Hostname`` labels, else to the node of its ``instance`` (dcgm-exporter's
+``Hostname``), else (no such series) every GPU, the highest :data:`MAX_LINES` drawn.
 
 Where the data comes from is one function, ``RangeQuery``: in embedded mode the agent's own engine
 over its store (:func:`local_query`; on the event loop, where the store is written), in Prometheus
@@ -85,6 +87,8 @@ class PlotSpec:
     threshold_label: str = ""
     percent: bool = False  # a 0-100 axis
     caption: str = ""
+    #: Asked instead when ``queries`` return no series at all (a guess at the scope that did not hold).
+    fallback: tuple[Query, ...] = ()
 
 
 @dataclass
@@ -145,7 +149,20 @@ def plot_specs(f: Facts, w: Window) -> list[PlotSpec]:
         specs.append(PlotSpec("firing", f"{rule.name}: the firing series", _unit(rule.value_expr), tuple(queries),
                               rule.threshold, f"threshold {rule.op} {rule.threshold:g}"
                               if rule.threshold is not None else "", caption=caption))
+    gpu_query = ("100 * DCGM_FI_DEV_FB_USED{s} / (DCGM_FI_DEV_FB_USED{s} + DCGM_FI_DEV_FB_FREE{s})", "GPU",
+                 ("Hostname", "gpu"))
     gpu = _selector(labels, _GPU_SCOPE)
+    host = labels.get("instance", "").rpartition(":")[0].strip("[]") if ":" in labels.get("instance", "") else ""
+    fleet_wide = (Query(gpu_query[0].format(s=""), *gpu_query[1:]),)
+    gpu_queries: tuple[Query, ...]
+    gpu_fallback: tuple[Query, ...]
+    if gpu:  # the alert names its GPU or node
+        gpu_queries, gpu_fallback = (Query(gpu_query[0].format(s=gpu), *gpu_query[1:]),), ()
+    elif host:  # a server's alert: the GPUs of its node (dcgm-exporter's Hostname), else every GPU
+        node = _selector({"Hostname": host}, ("Hostname",))
+        gpu_queries, gpu_fallback = (Query(gpu_query[0].format(s=node), *gpu_query[1:]),), fleet_wide
+    else:
+        gpu_queries, gpu_fallback = fleet_wide, ()
     specs += [
         PlotSpec("kv", "KV-cache usage", "KV cache used (%)",
                  (Query("100 * " + _both("max by (instance) ({p}kv_cache_usage_perc{s} or "
@@ -163,10 +180,9 @@ def plot_specs(f: Facts, w: Window) -> list[PlotSpec]:
                  (Query(_both(f"sum by (instance) (rate({{p}}generation_tokens_total{{s}}[{rate_w}]))", labels),
                         ""),),
                  caption=f"rate(generation_tokens_total[{rate_w}]), per instance"),
-        PlotSpec("gpu", "GPU memory used, per GPU", "framebuffer used (%)",
-                 (Query(f"100 * DCGM_FI_DEV_FB_USED{gpu} / (DCGM_FI_DEV_FB_USED{gpu} + DCGM_FI_DEV_FB_FREE{gpu})",
-                        "GPU", ("Hostname", "gpu")),), threshold=95.0, threshold_label="95 % (GPUMemoryNearFull)",
-                 percent=True, caption="DCGM_FI_DEV_FB_USED / (FB_USED + FB_FREE), per GPU"),
+        PlotSpec("gpu", "GPU memory used, per GPU", "framebuffer used (%)", gpu_queries, threshold=95.0,
+                 threshold_label="95 % (GPUMemoryNearFull)", percent=True,
+                 caption="DCGM_FI_DEV_FB_USED / (FB_USED + FB_FREE), per GPU", fallback=gpu_fallback),
     ]
     return specs
 
@@ -182,10 +198,19 @@ def _label(q: Query, labels: Mapping[str, str]) -> str:
 
 
 def fetch(spec: PlotSpec, w: Window, query: RangeQuery, incident_labels: Mapping[str, str]) -> PlotData:
-    """Run ``spec``'s queries over ``w``. Series whose labels disagree with the incident's (a label both
-    carry with different values) are dropped; at most :data:`MAX_LINES` lines, the highest kept."""
+    """Run ``spec``'s queries over ``w`` (its fallback if they find no series). Series whose labels disagree
+    with the incident's (a label both carry with different values) are dropped; at most :data:`MAX_LINES`
+    lines, the highest kept."""
+    data = _run(spec, spec.queries, w, query, incident_labels)
+    if spec.fallback and not data.lines and not data.errors:
+        data = _run(spec, spec.fallback, w, query, incident_labels)
+    return data
+
+
+def _run(spec: PlotSpec, queries: tuple[Query, ...], w: Window, query: RangeQuery,
+         incident_labels: Mapping[str, str]) -> PlotData:
     data = PlotData(spec)
-    for q in spec.queries:
+    for q in queries:
         try:
             result = query(q.expr, w.start_ms, w.end_ms, w.step_ms)
         except AgentError as exc:  # SourceError, PromQLError: this plot says why, the report goes on

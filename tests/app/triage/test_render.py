@@ -177,3 +177,27 @@ def test_cli_names_a_missing_state_database_and_creates_none(tmp_path: Path,
     missing = tmp_path / "nope.db"
     assert main(["triage", "1", "--db", str(missing)]) == 2
     assert f"no state database at {missing}" in capsys.readouterr().err and not missing.exists()
+
+
+def test_gpu_plot_is_scoped_to_the_alerts_node_and_falls_back_to_every_gpu(db: StateDB, tmp_path: Path) -> None:
+    """A server's alert plots the GPUs whose Hostname is its instance's host; with none there, every GPU."""
+    from agent.app.triage.facts import facts
+    from agent.app.triage.series import fetch, plot_specs, window
+
+    labels = {"alertname": "KVHigh", "instance": "node-3:8000", "job": "vllm"}
+    fp = fingerprint(labels)
+    iid = db.incidents.open(fingerprint=fp, alertname="KVHigh", labels=labels, severity="", summary="",
+                            started_ms=T0)
+    f = facts(read_state(db, iid, now_ms=T0 + 60_000), _groups(tmp_path), now_ms=T0 + 60_000)
+    w = window(f)
+    gpu = next(s for s in plot_specs(f, w) if s.key == "gpu")
+    assert 'Hostname="node-3"' in gpu.queries[0].expr and "Hostname" not in gpu.fallback[0].expr
+    asked: list[str] = []
+
+    def answers(expr: str, start_ms: int, end_ms: int, step_ms: int) -> list[tuple[dict[str, str], list[int],
+                                                                                   list[float]]]:
+        asked.append(expr)
+        return [] if "node-3" in expr else [({"Hostname": "other", "gpu": "0"}, [start_ms], [50.0])]
+
+    data = fetch(gpu, w, answers, f.labels)
+    assert len(asked) == 2 and [line.label for line in data.lines] == ["GPU other 0"]
