@@ -21,6 +21,7 @@ with ``raise ... from exc`` so the cause is never lost.
     ├── RuleError              a rule file or rule is invalid (names file, group, rule)
     ├── SimulatorError         the built-in fleet simulator was misused
     ├── StateError             the SQLite state database cannot be opened or written
+    │   └── NotFoundError      no such record (an incident id the triage report was asked for)
     ├── DeliveryError          a receiver did not accept a notification (retry or give up)
     └── DiagnosisError         a diagnosis could not run (bad evidence file, missing binary, ...)
 """
@@ -33,6 +34,7 @@ __all__ = [
     "DeliveryError",
     "DiagnosisError",
     "ExpositionError",
+    "NotFoundError",
     "NvmlError",
     "PromQLError",
     "RegexError",
@@ -131,6 +133,10 @@ class SimulatorError(AgentError):
 
 class StateError(AgentError):
     """The state database (outbox, alert state, silences, incidents) failed."""
+
+
+class NotFoundError(StateError):
+    """The state database has no such record (an incident id that was never recorded or was pruned)."""
 
 
 class DeliveryError(AgentError):

@@ -58,7 +58,8 @@ log = structlog.get_logger(__name__)
 def build_sinks(config: Config, db: StateDB, session: aiohttp.ClientSession, *,
                 stream: TextIO | None = None) -> dict[QueueName, Sink]:
     """One sink per outbox queue (:mod:`agent.act.queues`), Slack's message refs on the writer thread."""
-    return registry.build_sinks(config, registry.SinkContext(session, WriterRefs(db), stream))
+    return registry.build_sinks(config, registry.SinkContext(session, WriterRefs(db), stream,
+                                                         config.server.external_url))
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,12 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 
 from agent.act.leadership import Leadership
+from agent.act.incident_summary import one_line
 from agent.act.notification import (
     VALIDITY_FACTOR,
     AlertSnapshot,
@@ -60,6 +62,8 @@ from agent.rules.manager import Alert, AlertEvent, AlertState
 __all__ = ["DeliveryStats", "DiagnoseHook", "Dispatcher", "Evaluation"]
 
 log = structlog.get_logger(__name__)
+
+_INCIDENT_REFS = 10  # incidents a message links (a Slack message shows no more)
 
 DiagnoseHook = Callable[[AlertSnapshot], None]
 
@@ -205,7 +209,8 @@ class Dispatcher:
                                            severity=labels.get("severity", ""),
                                            summary=e.alert.annotations.get("summary", ""), started_ms=e.at_ms)
                     self._db.incidents.add_event(fp, at_ms=e.at_ms, kind="fired",
-                                                detail={"value": json_number(e.alert.value)})
+                                                detail={"value": json_number(e.alert.value),
+                                                        "active_at_ms": e.alert.active_at_ms})
             elif e.kind == "resolved":
                 with self._db.transaction():
                     self._db.incidents.add_event(fp, at_ms=e.at_ms, kind="resolved", detail={})
@@ -280,7 +285,7 @@ class Dispatcher:
             receiver=receiver_queue(route.receiver), kind="alerts", created_ms=now_ms, group_key=ag.key,
             group_labels=ag.labels, status="firing" if firing else "resolved",
             alerts=tuple(sorted(shown, key=lambda a: (a.status, sorted(a.labels.items())))),
-            external_url=self._external_url,
+            external_url=self._external_url, incidents=self._incident_refs(shown, now_ms),
         )
         with self._db.transaction():
             self._db.outbox.enqueue(n, now_ms=now_ms)
@@ -291,6 +296,19 @@ class Dispatcher:
         log.info("notification queued", receiver=route.receiver, group=ag.key, firing=len(firing),
                  resolved=len(resolved))
         return 1
+
+    def _incident_refs(self, alerts: list[AlertSnapshot], now_ms: int) -> dict[str, dict[str, Any]]:
+        """The incidents of a message's first alerts (links to their reports), with the one-line summary
+        of those resolved (the resolve update says it)."""
+        shown = alerts[:_INCIDENT_REFS]
+        ids = self._db.incidents.current_ids([a.fingerprint for a in shown])
+        refs: dict[str, dict[str, Any]] = {fp: {"id": i} for fp, i in ids.items()}
+        for a in shown:
+            if a.status == "resolved" and a.fingerprint in ids:
+                incident = self._db.incidents.get(ids[a.fingerprint])
+                if incident is not None:
+                    refs[a.fingerprint]["summary"] = one_line(incident, now_ms=now_ms)
+        return refs
 
     # -- Alertmanager receivers (Prometheus' notifier rules) -----------------------------------
     def _send_to_alertmanagers(self, routed: list[tuple[AlertSnapshot, set[str]]], *, interval_s: float,

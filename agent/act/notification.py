@@ -82,6 +82,8 @@ class Notification:
     * ``finding``: a diagnosis result (``finding`` holds :meth:`Finding.to_json`), posted
       in the Slack thread of the group in ``group_key`` when there is one.
     * ``scale``: a scale request (``scale`` holds the signed body's fields).
+
+    An item queued before a field existed loads with that field's default.
     """
 
     key: str
@@ -95,6 +97,10 @@ class Notification:
     external_url: str = ""
     finding: dict[str, Any] | None = None
     scale: dict[str, Any] | None = None
+    #: ``alerts``: the incidents its alerts are recorded in, by fingerprint: ``{"id": 12}``, plus
+    #: ``"summary"`` (:func:`agent.act.incident_summary.one_line`) once resolved; the Slack message
+    #: links each one's triage report (``server.external_url``) and its resolve update says the summary.
+    incidents: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def firing(self) -> list[AlertSnapshot]:

@@ -186,7 +186,9 @@ class OutboxDelivery:
             self._db.outbox.ack(item.id, now_ms=done_ms)
             for a in n.alerts:
                 self._db.incidents.add_event(a.fingerprint, at_ms=done_ms, kind="notified",
-                                             detail={"receiver": item.receiver, "status": n.status, "kind": n.kind})
+                                             detail={"receiver": item.receiver, "status": n.status, "kind": n.kind,
+                                                     "attempts": item.attempts + 1,
+                                                     "last_error": item.last_error})
         if n.kind == "scale" and self._scaler is not None:
             self._scaler.on_ack(n, reply)
 
@@ -196,7 +198,8 @@ class OutboxDelivery:
             self._db.outbox.fail(item.id, error=error, now_ms=now_ms)
             for a in n.alerts:
                 self._db.incidents.add_event(a.fingerprint, at_ms=now_ms, kind="notify_failed",
-                                             detail={"receiver": item.receiver, "error": error})
+                                             detail={"receiver": item.receiver, "error": error,
+                                                     "attempts": item.attempts + 1})
 
     async def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
         now_ms = int(self._clock() * 1000)

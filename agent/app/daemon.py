@@ -46,6 +46,8 @@ from agent.app.server import (
     server_status,
 )
 from agent.app.telemetry import AgentCollector, SourceCollector, build_registry
+from agent.app.triage import Reports
+from agent.app.triage.series import CONTEXT_FAMILIES
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
 from agent.collect import catalog
 from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
@@ -89,8 +91,9 @@ def rule_selector(text: str) -> list[Matcher]:
 
 
 def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
-    """The families to store: the catalog's health families, ``store.keep`` and every
-    metric name a loaded rule selects (DESIGN.md decision 3)."""
+    """The families to store: the catalog's health families, the triage report's context
+    (:data:`~agent.app.triage.series.CONTEXT_FAMILIES`), ``store.keep`` and every metric name a
+    loaded rule selects (DESIGN.md decision 3)."""
     if config.store.keep_all:
         return KeepList(None)
     names: set[str] = set()
@@ -101,7 +104,7 @@ def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList
                         group=g.name, file=g.file)
             return KeepList(None)
         names |= group_names
-    return KeepList(catalog.default_keep_families() | frozenset(config.store.keep) | names)
+    return KeepList(catalog.default_keep_families() | CONTEXT_FAMILIES | frozenset(config.store.keep) | names)
 
 
 @dataclass
@@ -146,6 +149,9 @@ class Agent:
         self._elector: Elector | None = None
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream, leadership=self.leadership)
         history = RemoteHistory(config.source) if config.source.remote else None
+        self.reports = Reports(self.act.db, lambda: [g.spec for g in self.rules.groups],
+                               engine=None if history is not None else Engine(self.store), history=history,
+                               clock=clock, min_step_ms=int(config.scrape.interval * 1000))
         self.diagnostics = Diagnostics(config, self.store, self.act.post_finding, clock=clock, history=history,
                                        served=ServedLengths(clock=clock))
         self.act.set_diagnose_hook(self.diagnostics.on_alert)
@@ -225,6 +231,9 @@ class Agent:
 
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.act.accept_webhook(body)
+
+    async def incident_report(self, incident_id: int, fmt: str) -> str:
+        return await self.reports.render(incident_id, fmt)
 
     def webhook_refused(self) -> None:
         self.act.intake_stats.rejected += 1
@@ -420,6 +429,8 @@ class Agent:
                      max_connections=cfg.server.max_connections)
             for warning in self.server_warnings():
                 log.warning("check the HTTP endpoint settings", problem=warning)
+        if not cfg.server.external_url and any(r.kind == "slack" for r in cfg.receivers):
+            log.info("server.external_url is not set: Slack messages will not link the incident's triage report")
         if cfg.scrape.shards is not None:
             log.info("scraping one shard of the targets (Prometheus hashmod of __address__)",
                      shard=cfg.scrape.shards.index, shards=cfg.scrape.shards.total)

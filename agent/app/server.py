@@ -46,8 +46,9 @@ from prometheus_client.registry import Collector
 
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
 from agent.app.ui import add_ui, bypasses_bearer
+from agent.app.triage import CONTENT_TYPES, CSP, FORMATS
 from agent.config import ServerConfig
-from agent.errors import ConfigError, StateError
+from agent.errors import ConfigError, NotFoundError, StateError
 
 __all__ = [
     "BACKLOG",
@@ -106,6 +107,8 @@ class AgentView(Protocol):
     async def expire_silence(self, silence_id: str) -> bool: ...
 
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def incident_report(self, incident_id: int, fmt: str) -> str: ...
 
     def webhook_refused(self) -> None: ...
 
@@ -283,6 +286,24 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         except StateError:  # logged by the act layer; a 5xx makes Alertmanager retry
             return _error(503, "unavailable", "the state database refused the write; retry later")
 
+    async def incident_report(request: web.Request) -> web.Response:
+        """The triage report (agent.app.triage): HTML by default, ``?format=md`` or ``json``."""
+        fmt = request.query.get("format", "html")
+        text = request.match_info["id"]
+        if fmt not in FORMATS:
+            raise _BadRequest(f"format must be one of {', '.join(FORMATS)}, not {fmt[:20]!r}")
+        if not text.isdigit() or len(text) > 18:
+            raise _BadRequest(f"an incident id is a positive integer, not {text[:40]!r}")
+        try:
+            body = await agent.incident_report(int(text), fmt)
+        except NotFoundError as exc:
+            if fmt == "json":
+                return _error(404, "not_found", str(exc))
+            return web.Response(status=404, text=f"{exc}\n")
+        headers = {"Content-Type": CONTENT_TYPES[fmt], "Content-Security-Policy": CSP,
+                   "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+        return web.Response(text=body, headers=headers)
+
     middlewares: list[Any] = [guard_middleware(guard), _errors]
     token = cfg.auth.bearer_token
     if token is not None:
@@ -303,6 +324,7 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
     app.router.add_post("/api/v1/alertmanager/webhook", alertmanager_webhook)
     add_ui(app, agent, token=token.get_secret_value() if token is not None else None,
            protect_reads=cfg.auth.protect_reads, body_timeout_s=body_timeout)  # the web UI at /
+    app.router.add_get("/incidents/{id}", incident_report)
     return app
 
 

@@ -29,6 +29,7 @@ from agent.app.logs import configure_logging
 from agent.cli import nccl as nccl_cmd
 from agent.cli import oom as oom_cmd
 from agent.cli import plan as plan_cmd
+from agent.cli import triage as triage_cmd
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.cli.silence import add_parsers as add_act_parsers
 from agent.config import Config, bundled_rules_dir, load_config
@@ -54,6 +55,7 @@ Then:        sre-agent check --config agent.yaml
 Diagnose:    sre-agent plan -- vllm serve MODEL --tensor-parallel-size 4 ...
              sre-agent diagnose oom /var/log/vllm.log
              sre-agent nccl --parse all_reduce_perf.txt
+Triage:      sre-agent triage --latest --config agent.yaml --out report.html
 """
 
 
@@ -129,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     oom_cmd.add_parser(sub)
     nccl_cmd.add_parser(sub)
     add_act_parsers(sub)
+    triage_cmd.add_parser(sub)
     return p
 
 

@@ -73,6 +73,18 @@ class ServerConfig(ConfigModel):
     body_limit: ByteSize = 2**20
     auth: ServerAuthConfig = ServerAuthConfig()
     tls: ServerTLSConfig | None = None
+    #: Where people reach this agent (behind a proxy or an ingress: that URL), for links to its pages
+    #: from elsewhere: the Slack message of an alert links ``<external_url>/incidents/<id>``. Empty: no links.
+    external_url: str = ""
+
+    @field_validator("external_url")
+    @classmethod
+    def _external_url(cls, v: str) -> str:
+        v = v.strip()
+        bad = any(c.isspace() or c in '<>|"' for c in v)  # they would break a Slack link (<url|text>)
+        if v and (not v.startswith(("http://", "https://")) or len(v) > 1000 or bad):
+            raise ValueError(f"must be an http:// or https:// URL without spaces, <, >, | or \", not {v[:60]!r}")
+        return v.rstrip("/")
 
     @field_validator("listen")
     @classmethod

@@ -50,6 +50,24 @@ class RemoteHistory:
         self._client = PrometheusConnect(url=config.url, headers=headers, auth=auth, session=session,
                                          disable_ssl=tls.insecure_skip_verify, timeout=config.timeout)
 
+    def query_range(self, expr: str, start_ms: int, end_ms: int, *, step_s: float = 15.0
+                    ) -> list[tuple[dict[str, str], list[int], list[float]]]:
+        """One range query: each series' labels, times (ms) and values, as the server answered.
+
+        :class:`SourceError` when the server does not answer or refuses the query (the triage report
+        then draws that plot empty and says why)."""
+        start, end = (datetime.fromtimestamp(ms // 1000, UTC) for ms in (start_ms, end_ms))
+        try:
+            matrix: Any = self._client.custom_query_range(expr, start_time=start, end_time=end, step=f"{step_s:g}s")
+        except (PrometheusApiClientException, requests.RequestException, ValueError) as exc:
+            raise SourceError(f"{self.url}: range query {expr!r} failed: {exc}") from exc
+        out = []
+        for series in matrix or []:
+            labels = {str(k): str(v) for k, v in series.get("metric", {}).items()}
+            points = series.get("values", [])
+            out.append((labels, [int(float(t) * 1000) for t, _ in points], [float(v) for _, v in points]))
+        return out
+
     def fetch(self, selectors: list[str], start_ms: int, end_ms: int, *, step_s: float = 15.0) -> Store:
         """Every series ``selectors`` select between ``start_ms`` and ``end_ms``, at ``step_s``, in a new store.
 

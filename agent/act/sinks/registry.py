@@ -35,6 +35,7 @@ class SinkContext:
     session: aiohttp.ClientSession
     refs: MessageRefs
     stream: TextIO | None = None
+    report_url: str = ""  # server.external_url, for links to the triage reports
 
 
 Factory = Callable[[ReceiverConfig, SinkContext], dict[QueueName, Sink]]
@@ -46,7 +47,7 @@ def _console(r: ReceiverConfig, ctx: SinkContext) -> dict[QueueName, Sink]:
 
 def _slack(r: ReceiverConfig, ctx: SinkContext) -> dict[QueueName, Sink]:
     assert r.slack is not None  # the factory is chosen by the kind the receiver sets
-    return {receiver_queue(r.name): SlackSink(r.name, r.slack, ctx.refs)}
+    return {receiver_queue(r.name): SlackSink(r.name, r.slack, ctx.refs, report_url=ctx.report_url)}
 
 
 def _webhook(r: ReceiverConfig, ctx: SinkContext) -> dict[QueueName, Sink]:

@@ -114,9 +114,11 @@ class SlackSink:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         session: aiohttp.ClientSession | None = None,
+        report_url: str = "",
     ) -> None:
         self.name = name
         self._config = config
+        self._report_url = report_url  # server.external_url: messages link the triage reports
         self.deadline_s = _MAX_CALLS_PER_SEND * (
             config.timeout * (1 + RATE_LIMIT_RETRIES) + RATE_LIMIT_RETRIES * MAX_INLINE_RETRY_AFTER_S
             + 1 / config.max_messages_per_second)
@@ -153,7 +155,7 @@ class SlackSink:
     # --- bot-token mode -------------------------------------------------------------
 
     async def _send_alerts(self, n: Notification, attempt: int) -> dict[str, Any]:
-        text, blocks = alert_blocks(n, self._config.dashboard_url)
+        text, blocks = alert_blocks(n, self._config.dashboard_url, self._report_url)
         metadata = self._metadata(ALERT_EVENT_TYPE, n)
         ref = await self._refs.get_ref(self.name, n.group_key)
         if ref is None and attempt > 0:
@@ -311,7 +313,7 @@ class SlackSink:
 
     async def _send_webhook(self, n: Notification) -> None:
         if n.kind == "alerts":
-            text, blocks = alert_blocks(n, self._config.dashboard_url)
+            text, blocks = alert_blocks(n, self._config.dashboard_url, self._report_url)
         elif n.kind == "finding":
             text, blocks = finding_blocks(n.finding or {}, self._config.dashboard_url)
         else:

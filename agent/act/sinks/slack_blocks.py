@@ -81,9 +81,14 @@ def format_utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def alert_blocks(notification: Notification, dashboard_url: str = "") -> tuple[str, list[dict[str, Any]]]:
+def alert_blocks(notification: Notification, dashboard_url: str = "", report_url: str = ""
+                 ) -> tuple[str, list[dict[str, Any]]]:
     """The message for one alert group: header, summary/description, key fields, other
-    labels, Runbook/Dashboard buttons; and the plain-text fallback."""
+    labels, Runbook/Dashboard/Report buttons; and the plain-text fallback.
+
+    ``report_url`` is the agent's ``server.external_url``: with it the message links each
+    alert's triage report (``/incidents/<id>``, one button for one incident, a line of links
+    for several), and a resolve update carries each incident's one-line summary."""
     alerts = list(notification.alerts)
     firing = notification.firing
     resolved = notification.status == "resolved"
@@ -127,12 +132,26 @@ def alert_blocks(notification: Notification, dashboard_url: str = "") -> tuple[s
     if rest:
         blocks.append(_context(_label_text(rest)))
 
+    refs = [notification.incidents[a.fingerprint] for a in shown if a.fingerprint in notification.incidents]
+    if resolved:
+        lines = [str(r["summary"]) for r in refs if r.get("summary")]
+        if lines:
+            blocks.append(_section("\n".join(f"• {line}" for line in lines[:5])))
+    reports = [(f"#{r['id']}", f"{report_url}/incidents/{r['id']}") for r in refs if report_url and "id" in r]
+    if len(reports) > 1:
+        links = " · ".join(f"<{url}|report {name}>" for name, url in reports if len(url) <= URL_LIMIT)
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": links}]})
     runbook = annotations.get("runbook_url") or (first.annotations.get("runbook_url", "") if first else "")
-    actions = _actions([("Runbook", runbook), ("Dashboard", dashboard_url)])
+    buttons = [("Runbook", runbook), ("Dashboard", dashboard_url)]
+    if len(reports) == 1:
+        buttons.append(("Triage report", reports[0][1]))
+    actions = _actions(buttons)
     if actions is not None:
         blocks.append(actions)
 
     text = f"{title}: {summary}" if summary else title
+    if resolved and refs and refs[0].get("summary"):
+        text = f"{title}: {refs[0]['summary']}"
     return _mrkdwn(text, SECTION_TEXT_LIMIT), blocks[:MAX_BLOCKS]
 
 
@@ -234,7 +253,7 @@ def _actions(buttons: list[tuple[str, str]]) -> dict[str, Any] | None:
             "type": "button",
             "text": {"type": "plain_text", "text": truncate(label, BUTTON_TEXT_LIMIT), "emoji": True},
             "url": url,
-            "action_id": label.lower(),
+            "action_id": label.lower().replace(" ", "_"),
         }
         for label, url in buttons
         if url.startswith(("https://", "http://")) and len(url) <= URL_LIMIT

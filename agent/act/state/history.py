@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -124,6 +125,34 @@ class Incidents(Table):
                     " ORDER BY at_ms, id", list(events)).fetchall():
                 events[inc].append(IncidentEvent(at, kind, json.loads(detail)))
         return [Incident(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7], events[r[0]]) for r in rows]
+
+    def get(self, incident_id: int) -> Incident | None:
+        """One incident with its events in time order (the triage report's input), None if unknown."""
+        with self._conn.guard("read incident") as c:
+            r = c.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            if r is None:
+                return None
+            rows = c.execute("SELECT at_ms, kind, detail FROM incident_events WHERE incident_id = ?"
+                             " ORDER BY at_ms, id", (incident_id,)).fetchall()
+        events = [IncidentEvent(at, kind, json.loads(detail)) for at, kind, detail in rows]
+        return Incident(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7], events)
+
+    def latest_id(self) -> int | None:
+        """The newest incident's id (by start time), None when there is none."""
+        with self._conn.guard("read incident") as c:
+            row = c.execute("SELECT id FROM incidents ORDER BY started_ms DESC, id DESC LIMIT 1").fetchone()
+        return None if row is None else int(row[0])
+
+    def current_ids(self, fingerprints: Iterable[str]) -> dict[str, int]:
+        """Each fingerprint's open incident, else its latest (where a notification's alerts are recorded)."""
+        out: dict[str, int] = {}
+        with self._conn.guard("read incident") as c:
+            for fp in fingerprints:
+                row = c.execute("SELECT id FROM incidents WHERE fingerprint = ? ORDER BY resolved_ms = 0 DESC,"
+                                " id DESC LIMIT 1", (fp,)).fetchone()
+                if row is not None:
+                    out[fp] = int(row[0])
+        return out
 
     def prune(self, *, now_ms: int, keep_ms: int) -> int:
         """Drop incidents resolved more than ``keep_ms`` ago, with their events; the number dropped."""

@@ -150,8 +150,9 @@ class ScaleState:
 class IncidentEvent:
     """One line of an incident's timeline. ``detail`` by ``kind`` (what ``sre-agent incidents`` renders):
 
-    * ``fired``: ``{"value"}``; ``resolved``: ``{}``
-    * ``notified``: ``{"receiver", "status"}``; ``notify_failed``: ``{"receiver", "error"}``
+    * ``fired``: ``{"value", "active_at_ms"}`` (when it went pending); ``resolved``: ``{}``
+    * ``notified``: ``{"receiver", "status", "kind", "attempts", "last_error"}`` (attempts: 1 + the retries;
+      last_error: the failed attempt before, if any); ``notify_failed``: ``{"receiver", "error", "attempts"}``
     * ``action``: ``{"action": "scale_out"|"scale_in"|..., "service", "from_replicas", "to_replicas",
       "dry_run", "refused", "reason"}`` (a refusal: ``refused: true`` and the reason, e.g. the cooldown)
     * ``finding``: ``{"kind", "summary", "setting", "suggested_value", "runbook_url"}``
