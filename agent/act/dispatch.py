@@ -36,8 +36,8 @@ from typing import Any
 
 import structlog
 
-from agent.act.leadership import Leadership
 from agent.act.incident_summary import one_line
+from agent.act.leadership import Leadership
 from agent.act.notification import (
     VALIDITY_FACTOR,
     AlertSnapshot,

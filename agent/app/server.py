@@ -45,8 +45,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
-from agent.app.ui import add_ui, bypasses_bearer
 from agent.app.triage import CONTENT_TYPES, CSP, FORMATS
+from agent.app.ui import add_ui, bypasses_bearer
 from agent.config import ServerConfig
 from agent.errors import ConfigError, NotFoundError, StateError
 
