@@ -57,6 +57,7 @@ from agent.promql.remote import RemoteSource
 from agent.promql.rewrite import Matcher, parse_selector
 from agent.rules.files import GroupSpec, load_rule_files, parametrize
 from agent.rules.manager import AlertEvent, Group, RuleManager, rule_group_label
+from agent.rules.timing import eval_offset_ms, eval_timestamp_ms, next_eval_ms
 from agent.series import Observation, labels_from
 from agent.store import KeepList, RoundWriter, Store
 
@@ -312,8 +313,9 @@ class Agent:
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
         await self._flush_written(now_ms)
 
-    async def evaluate(self, group: Group) -> None:
-        now_ms = int(self._clock() * 1000)
+    async def evaluate(self, group: Group, at_ms: int | None = None) -> None:
+        """Evaluate ``group`` at ``at_ms`` (its grid point, from the scheduler), else now."""
+        now_ms = at_ms if at_ms is not None else int(self._clock() * 1000)
         if self.source is not None and group.spec.name not in self._local_groups:
             await self.recording.check(self.source)
             events = await self.rules.eval_group_remote(group, now_ms, self.source.instant,
@@ -355,8 +357,13 @@ class Agent:
     # evaluation and retention on the event loop, where scrapes write: the store and the
     # engine's caches are single-threaded by design.
     async def _evaluate_job(self, group: Group) -> None:
+        interval_ms = int(group.interval_s * 1000)
+        at_ms = eval_timestamp_ms(int(self._clock() * 1000), interval_ms, _offset_ms(group))
+        if at_ms <= group.last_eval_ms:  # woken twice within one grid step (a stalled loop): once is enough
+            log.debug("evaluation skipped: this grid point was evaluated", group=group.spec.name)
+            return
         try:
-            await self.evaluate(group)
+            await self.evaluate(group, at_ms)
         except asyncio.CancelledError:  # shutdown while the writer thread had it: it finishes there
             log.debug("evaluation cancelled by shutdown", group=group.spec.name)
 
@@ -422,8 +429,10 @@ class Agent:
                           max_instances=1, coalesce=True, next_run_time=first)
         first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
         for i, group in enumerate(self.rules.groups):
+            # on the group's grid (agent.rules.timing): an HA pair evaluates at the same instants
+            at_ms = next_eval_ms(int(first_eval.timestamp() * 1000), int(group.interval_s * 1000), _offset_ms(group))
             sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
-                          max_instances=1, coalesce=True, next_run_time=first_eval)
+                          max_instances=1, coalesce=True, next_run_time=datetime.fromtimestamp(at_ms / 1000, UTC))
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         await self.act.start()
         if self.remote_write is not None:
@@ -467,3 +476,8 @@ class Agent:
             await stop.wait()
         finally:
             await self.stop()
+
+
+def _offset_ms(group: Group) -> int:
+    """The group's place in its interval: the same in every process with the same rule files."""
+    return eval_offset_ms(group.spec.file, group.spec.name, int(group.interval_s * 1000))
