@@ -136,6 +136,7 @@ class Agent:
         self._local_groups = frozenset(config.source.local_groups)
         self._remote_restored: set[str] = set()
         self._pruned_ms = 0  # the first retention job prunes the state database
+        self._evaluating: set[int] = set()  # groups being evaluated now (the first run and the grid's may meet)
         writes_back = any("recording" in r.write for r in config.remote_write)
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
@@ -356,16 +357,21 @@ class Agent:
     # APScheduler runs plain functions in a thread pool; these coroutine wrappers keep rule
     # evaluation and retention on the event loop, where scrapes write: the store and the
     # engine's caches are single-threaded by design.
-    async def _evaluate_job(self, group: Group) -> None:
-        interval_ms = int(group.interval_s * 1000)
-        at_ms = eval_timestamp_ms(int(self._clock() * 1000), interval_ms, _offset_ms(group))
-        if at_ms <= group.last_eval_ms:  # woken twice within one grid step (a stalled loop): once is enough
+    async def _evaluate_job(self, group: Group, aligned: bool = True) -> None:
+        """Evaluate at the group's grid point (``agent.rules.timing``); ``aligned`` False (the first run in
+        embedded mode, which must not evaluate before the first scrape landed) evaluates at now."""
+        now_ms = int(self._clock() * 1000)
+        at_ms = eval_timestamp_ms(now_ms, int(group.interval_s * 1000), _offset_ms(group)) if aligned else now_ms
+        if at_ms <= group.last_eval_ms or id(group) in self._evaluating:
             log.debug("evaluation skipped: this grid point was evaluated", group=group.spec.name)
             return
+        self._evaluating.add(id(group))
         try:
             await self.evaluate(group, at_ms)
         except asyncio.CancelledError:  # shutdown while the writer thread had it: it finishes there
             log.debug("evaluation cancelled by shutdown", group=group.spec.name)
+        finally:
+            self._evaluating.discard(id(group))
 
     async def _scrape_job(self) -> None:
         try:
@@ -429,10 +435,16 @@ class Agent:
                           max_instances=1, coalesce=True, next_run_time=first)
         first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
         for i, group in enumerate(self.rules.groups):
-            # on the group's grid (agent.rules.timing): an HA pair evaluates at the same instants
-            at_ms = next_eval_ms(int(first_eval.timestamp() * 1000), int(group.interval_s * 1000), _offset_ms(group))
+            # On the group's grid (agent.rules.timing): an HA pair evaluates at the same instants. The
+            # grid's first point can be up to an interval away: evaluate once right away too, at the
+            # last grid point in Prometheus mode (the server has the data), at now in embedded mode.
+            first_ms = int(first_eval.timestamp() * 1000)
+            at_ms = next_eval_ms(first_ms, int(group.interval_s * 1000), _offset_ms(group))
             sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
                           max_instances=1, coalesce=True, next_run_time=datetime.fromtimestamp(at_ms / 1000, UTC))
+            if at_ms > first_ms:
+                sched.add_job(self._evaluate_job, "date", args=[group, self.source is not None], id=f"rules-{i}-first",
+                              run_date=first_eval)
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         await self.act.start()
         if self.remote_write is not None:
