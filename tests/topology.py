@@ -30,7 +30,7 @@ from .conftest import REPO
 from .receivers import RecordingServer
 from .victoriametrics import VictoriaMetrics
 
-__all__ = ["ClusterAlertmanager", "Deliveries", "ShardedVictoriaMetrics", "SimulatorProcess", "alert_key",
+__all__ = ["AlertKey", "ClusterAlertmanager", "Deliveries", "ShardedVictoriaMetrics", "SimulatorProcess", "alert_key",
            "deliveries"]
 
 AlertKey = tuple[tuple[str, str], ...]
