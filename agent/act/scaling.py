@@ -22,7 +22,10 @@ one state-database transaction: a crash between "decided" and "queued" can neith
 lose the request nor, after the restart, send a second one (the cooldown stamp and the
 queued request commit together). The request names an absolute replica count, not a
 delta, and carries an idempotency key, so a retried or repeated request cannot scale
-twice. Dry-run logs and records what it would do and changes nothing persisted; it keeps
+twice. The key is deterministic (:func:`idempotency_key`): two central replicas with the
+same config, evaluating the same data at the same aligned timestamps, ask for the same
+step under the same key, and a receiver that de-duplicates by it acts once. Dry-run logs
+and records what it would do and changes nothing persisted; it keeps
 what the state would have become in memory, so its "would scale" lines are paced by the
 same cooldowns and bounds as real ones (decide runs every evaluation while an alert
 fires). Refusals are logged at info when they start or change kind, then at debug.
@@ -78,9 +81,23 @@ class Decision:
     notification: Notification | None = None
 
 
-def idempotency_key(service: str, direction: str, from_replicas: int, to_replicas: int, now_ms: int) -> str:
-    """The key a receiver de-duplicates a scale request by (also its outbox key)."""
-    return f"scale:{service}:{direction}:{from_replicas}->{to_replicas}:{now_ms}"
+def idempotency_key(service: str, direction: str, from_replicas: int, to_replicas: int, *,
+                    started_ms: int, now_ms: int, cooldown_s: float) -> str:
+    """The key a receiver de-duplicates a scale request by (also its outbox key).
+
+    Built only from what every replica of an HA pair shares, never from a local clock
+    reading or a random value: the service, the direction, the step (``from->to``, where
+    ``from`` is what the receiver last reported) and the cooldown window the decision falls
+    in, counted from the firing alert's start (its ``startsAt``, the same on both replicas
+    because they evaluate at the same aligned timestamps, see :mod:`agent.rules.timing`).
+    Two replicas asking for the same scale-out in the same window therefore send one key; the
+    same step asked again a cooldown later (the receiver never confirmed it) is a new window and
+    so a new request. An alert without a start counts windows from the Unix epoch.
+    """
+    window_ms = max(int(cooldown_s * 1000), 1)
+    anchor = started_ms if 0 < started_ms <= now_ms else 0
+    window = anchor + (now_ms - anchor) // window_ms * window_ms
+    return f"scale:{service}:{direction}:{from_replicas}->{to_replicas}:{window}"
 
 
 @dataclass(frozen=True)
@@ -238,8 +255,10 @@ class Scaler:
                                         reason=refusal[1]))
         self._refused.pop((svc.name, direction), None)
         reason = _reason(alert)
-        plan = _Plan(svc, direction, current, target, now_ms, reason,
-                     idempotency_key(svc.name, direction, current, target, now_ms))  # fmt: skip
+        cooldown = svc.scale_out_cooldown if direction == "out" else svc.scale_in_cooldown
+        key = idempotency_key(svc.name, direction, current, target, started_ms=alert.starts_at_ms, now_ms=now_ms,
+                              cooldown_s=cooldown)  # fmt: skip
+        plan = _Plan(svc, direction, current, target, now_ms, reason, key)
         if dry_run:
             log.info("would scale", service=svc.name, direction=direction, from_replicas=current,
                      to_replicas=target, reason=reason)  # fmt: skip

@@ -61,6 +61,7 @@ from agent.promql.remote import RemoteSource
 from agent.promql.rewrite import Matcher, parse_selector
 from agent.rules.files import GroupSpec, load_rule_files, parametrize
 from agent.rules.manager import AlertEvent, Group, RuleManager, rule_group_label
+from agent.rules.timing import eval_offset_ms, eval_timestamp_ms, next_eval_ms
 from agent.series import Observation, labels_from
 from agent.store import KeepList, RoundWriter, Store
 
@@ -140,6 +141,7 @@ class Agent:
         self._local_groups = frozenset(config.source.local_groups)
         self._remote_restored: set[str] = set()
         self._pruned_ms = 0  # the first retention job prunes the state database
+        self._evaluating: set[int] = set()  # groups being evaluated now (the first run and the grid's may meet)
         writes_back = any("recording" in r.write for r in config.remote_write)
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
@@ -331,8 +333,9 @@ class Agent:
         self._nvml_writer.write(((s.labels, s.value, s.timestamp_ms or now_ms) for s in samples), now_ms)
         await self._flush_written(now_ms)
 
-    async def evaluate(self, group: Group) -> None:
-        now_ms = int(self._clock() * 1000)
+    async def evaluate(self, group: Group, at_ms: int | None = None) -> None:
+        """Evaluate ``group`` at ``at_ms`` (its grid point, from the scheduler), else now."""
+        now_ms = at_ms if at_ms is not None else int(self._clock() * 1000)
         if self.source is not None and group.spec.name not in self._local_groups:
             await self.recording.check(self.source)
             events = await self.rules.eval_group_remote(group, now_ms, self.source.instant,
@@ -373,11 +376,21 @@ class Agent:
     # APScheduler runs plain functions in a thread pool; these coroutine wrappers keep rule
     # evaluation and retention on the event loop, where scrapes write: the store and the
     # engine's caches are single-threaded by design.
-    async def _evaluate_job(self, group: Group) -> None:
+    async def _evaluate_job(self, group: Group, aligned: bool = True) -> None:
+        """Evaluate at the group's grid point (``agent.rules.timing``); ``aligned`` False (the first run in
+        embedded mode, which must not evaluate before the first scrape landed) evaluates at now."""
+        now_ms = int(self._clock() * 1000)
+        at_ms = eval_timestamp_ms(now_ms, int(group.interval_s * 1000), _offset_ms(group)) if aligned else now_ms
+        if at_ms <= group.last_eval_ms or id(group) in self._evaluating:
+            log.debug("evaluation skipped: this grid point was evaluated", group=group.spec.name)
+            return
+        self._evaluating.add(id(group))
         try:
-            await self.evaluate(group)
+            await self.evaluate(group, at_ms)
         except asyncio.CancelledError:  # shutdown while the writer thread had it: it finishes there
             log.debug("evaluation cancelled by shutdown", group=group.spec.name)
+        finally:
+            self._evaluating.discard(id(group))
 
     async def _scrape_job(self) -> None:
         try:
@@ -443,8 +456,16 @@ class Agent:
                           max_instances=1, coalesce=True, next_run_time=first)
         first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
         for i, group in enumerate(self.rules.groups):
+            # On the group's grid (agent.rules.timing): an HA pair evaluates at the same instants. The
+            # grid's first point can be up to an interval away: evaluate once right away too, at the
+            # last grid point in Prometheus mode (the server has the data), at now in embedded mode.
+            first_ms = int(first_eval.timestamp() * 1000)
+            at_ms = next_eval_ms(first_ms, int(group.interval_s * 1000), _offset_ms(group))
             sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
-                          max_instances=1, coalesce=True, next_run_time=first_eval)
+                          max_instances=1, coalesce=True, next_run_time=datetime.fromtimestamp(at_ms / 1000, UTC))
+            if at_ms > first_ms:
+                sched.add_job(self._evaluate_job, "date", args=[group, self.source is not None], id=f"rules-{i}-first",
+                              run_date=first_eval)
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
         await self.act.start()
         if self.leadership is not None:
@@ -492,3 +513,8 @@ class Agent:
             await stop.wait()
         finally:
             await self.stop()
+
+
+def _offset_ms(group: Group) -> int:
+    """The group's place in its interval: the same in every process with the same rule files."""
+    return eval_offset_ms(group.spec.file, group.spec.name, int(group.interval_s * 1000))

@@ -6,7 +6,9 @@ vLLM does for a client that does not ask for OpenMetrics), ``GET /health`` and
 ``GET /version``; a replica killed by its scenario first answers ``/health`` with
 503 (500 on V0), then closes its port so scrapes get *connection refused*, exactly the
 sequence CATALOG §6 describes. The control port takes ``POST /scale`` (``{"replicas":
-N}`` or ``{"delta": 1}``, with an optional ``idempotency_key``) and ``POST /gpu_fault``
+N}`` or ``{"delta": 1}``, keyed by an ``Idempotency-Key`` header or an ``idempotency_key``
+field: a key seen in the last hour is not applied again, the answer is the remembered result
+with ``"applied": false``, as a user's scaler should do for the agent's HA pair) and ``POST /gpu_fault``
 (``{"gpu": 3, "xid": 63}`` or ``{"gpu": 3, "nvlink_down": 5}``), shares the scenario's
 demand among the live replicas so a scale-out relieves them, and serves ``GET /state``
 and ``GET /targets`` (Prometheus HTTP service discovery JSON).
@@ -47,7 +49,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _MAX_MODEL_DT = 1.0  # longest model step; faster speeds take several per tick
 _WATCHDOG_S = 5.0  # vLLM's watchdog notices a dead engine within 5 s and shuts the server down
 _STATS_EVERY_S = 10.0  # vLLM logs engine stats about this often
-_KEYS_KEPT = 1024  # idempotency keys remembered
+_KEYS_KEPT = 1024  # idempotency keys remembered, at most
+_KEY_TTL_S = 3600.0  # and for at most this long: far longer than two HA replicas can be apart
+_IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 log = structlog.get_logger(__name__)
 
@@ -167,7 +171,8 @@ class Fleet:
         self._control: web.AppRunner | None = None
         self._control_port = 0
         self._lock = asyncio.Lock()
-        self._keys: dict[str, dict[str, object]] = {}
+        self._keys: dict[str, tuple[float, dict[str, object]]] = {}  # key -> (when applied, result)
+        self.scale_log: list[dict[str, object]] = []  # every POST /scale: key, replicas, applied, at
         self.gpus = GpuBank(config.params, config.gpu, hostname=config.host, seed=config.seed,
                             tensor_parallel=config.tensor_parallel)  # fmt: skip
         self._dcgm: web.ServerRunner | None = None
@@ -415,10 +420,14 @@ class Fleet:
             return web.json_response({"error": "body must be JSON"}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
-        key, target, delta = body.get("idempotency_key"), body.get("replicas"), body.get("delta")
+        key = request.headers.get(_IDEMPOTENCY_HEADER) or body.get("idempotency_key")
+        target, delta = body.get("replicas"), body.get("delta")
         async with self._lock:  # check, apply and remember the key as one step
+            self._forget_keys()
             if isinstance(key, str) and key in self._keys:
-                return web.json_response({**self._keys[key], "applied": False})
+                remembered = self._keys[key][1]
+                self._note_scale(key, remembered, applied=False)
+                return web.json_response({**remembered, "applied": False})
             if isinstance(delta, int) and not isinstance(delta, bool) and target is None:
                 target = len(self._vllm) + delta
             if not isinstance(target, int) or isinstance(target, bool):
@@ -429,10 +438,22 @@ class Fleet:
                 return web.json_response({"error": str(exc)}, status=400)
             result: dict[str, object] = {"replicas": len(self._vllm), "targets": self.targets}
             if isinstance(key, str):
-                self._keys[key] = result
+                self._keys[key] = (self._clock(), result)
                 while len(self._keys) > _KEYS_KEPT:
                     del self._keys[next(iter(self._keys))]
+            self._note_scale(key, result, applied=True)
         return web.json_response({**result, "applied": True})
+
+    def _forget_keys(self) -> None:
+        """Drop keys older than the TTL (insertion order is age order)."""
+        horizon = self._clock() - _KEY_TTL_S
+        while self._keys and next(iter(self._keys.values()))[0] < horizon:
+            del self._keys[next(iter(self._keys))]
+
+    def _note_scale(self, key: object, result: dict[str, object], *, applied: bool) -> None:
+        self.scale_log.append({"key": key if isinstance(key, str) else None, "replicas": result["replicas"],
+                               "applied": applied, "at": round(self._wallclock(), 3)})
+        del self.scale_log[:-_KEYS_KEPT]
 
     async def _post_gpu_fault(self, request: web.Request) -> web.Response:
         """``{"gpu": 3, "xid": 63}`` or ``{"gpu": 3, "nvlink_down": 5}``: inject a hardware fault."""
@@ -455,7 +476,7 @@ class Fleet:
     async def _get_state(self, request: web.Request) -> web.Response:
         return web.json_response({"model_time": round(self._time, 3), "scenario": self.config.scenario,
                                   "replicas": self.state(), "gpu_exporter": self.dcgm_url,
-                                  "gpus": self.gpus.state()})  # fmt: skip
+                                  "gpus": self.gpus.state(), "scale_requests": self.scale_log})  # fmt: skip
 
     async def _handle_dcgm(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method != "GET":

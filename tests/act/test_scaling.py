@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.act.notification import AlertSnapshot, Notification
-from agent.act.scaling import Scaler
+from agent.act.scaling import Scaler, idempotency_key
 from agent.act.state import ScaleState, StateDB
 from agent.config import ScalingConfig, ScalingServiceConfig
 from agent.errors import StateError
@@ -19,6 +19,9 @@ from agent.errors import StateError
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 LONG_AGO = T0 - 10 * 3600_000  # an agent that has watched for hours
 WEBHOOK = {"url": "http://127.0.0.1:9/scale"}
+# The alerts below started 300 s before T0; with the 180 s scale_out_cooldown a decision at T0 falls in the
+# cooldown window that began at start + 180 s = T0 - 120 s, one at T0 + 180 s in the window from T0 + 60 s.
+WINDOW_T0 = T0 - 120_000
 
 
 def service(**kw: Any) -> ScalingServiceConfig:
@@ -75,7 +78,7 @@ def test_out_with_webhook_queues_the_request_in_the_outbox(db: StateDB) -> None:
     open_incident(db, a)
     s = Scaler(scaling(service(webhook=WEBHOOK)), db, started_ms=LONG_AGO)
     d = s.decide("out", a, service="vllm", now_ms=T0, values={"waiting": 40.0})
-    key = f"scale:vllm:out:2->3:{T0}"
+    key = f"scale:vllm:out:2->3:{WINDOW_T0}"
     assert d.acted and d.notification is not None
     n = d.notification
     assert (n.key, n.receiver, n.kind, n.created_ms) == (key, "scale:vllm", "scale", T0)
@@ -120,7 +123,8 @@ def test_unacknowledged_request_is_asked_again_as_an_absolute_count(db: StateDB)
     again = s.decide("out", alert(), service=None, now_ms=T0 + 180_000)
     assert again.notification is not None and again.notification.scale is not None
     assert again.notification.scale["replicas"] == 3
-    assert [i.key for i in db.outbox.pending()] == [f"scale:vllm:out:2->3:{T0}", f"scale:vllm:out:2->3:{T0 + 180_000}"]
+    assert [i.key for i in db.outbox.pending()] == [f"scale:vllm:out:2->3:{WINDOW_T0}",
+                                                 f"scale:vllm:out:2->3:{T0 + 60_000}"]
 
 
 def test_out_refused_at_max_and_step_clamped(db: StateDB) -> None:
@@ -233,7 +237,7 @@ def test_restart_keeps_the_cooldown(tmp_path: Path) -> None:
     s = Scaler(scaling(service(webhook=WEBHOOK)), second, started_ms=T0 + 10_000)
     d = s.decide("out", alert(), service=None, now_ms=T0 + 60_000)
     assert not d.acted and "scale_out_cooldown" in d.reason
-    assert [i.key for i in second.outbox.pending()] == [f"scale:vllm:out:2->3:{T0}"]
+    assert [i.key for i in second.outbox.pending()] == [f"scale:vllm:out:2->3:{WINDOW_T0}"]
     assert s.desired_replicas() == {"vllm": 3}
     second.close()
 
@@ -347,3 +351,41 @@ def test_actions_are_counted_by_service_direction_and_outcome(db: StateDB) -> No
     counts = {k: n for k, n in s.actions().items() if n}
     assert counts == {("vllm", "out", "acted"): 1, ("vllm", "out", "refused"): 1, ("lm", "out", "dry_run"): 1,
                       ("nope", "out", "refused"): 1}
+
+
+def test_two_replicas_asking_for_the_same_step_use_one_key(tmp_path: Path) -> None:
+    """Two scalers on separate databases (an HA pair), deciding on the same alert at the same aligned
+    evaluation time, queue the same key, and report the same desired replicas; a clock reading of their
+    own does not enter the key (a decision later in the same cooldown window keeps it)."""
+    dbs = [StateDB(tmp_path / "a.db"), StateDB(tmp_path / "b.db")]
+    try:
+        a, b = (Scaler(scaling(service(webhook=WEBHOOK)), d, started_ms=LONG_AGO) for d in dbs)
+        da = a.decide("out", alert(), service=None, now_ms=T0)
+        db_ = b.decide("out", alert(), service=None, now_ms=T0 + 1_000)  # one evaluation later, same window
+        assert da.notification is not None and db_.notification is not None
+        assert da.notification.key == db_.notification.key == f"scale:vllm:out:2->3:{WINDOW_T0}"
+        assert a.desired_replicas() == b.desired_replicas() == {"vllm": 3}
+        # both learn the receiver's count (the first applied it, the second got the remembered answer)
+        for s, d in ((a, da), (b, db_)):
+            assert d.notification is not None
+            s.on_ack(d.notification, {"replicas": 3, "applied": s is a})
+        na = a.decide("out", alert(), service=None, now_ms=T0 + 180_000).notification
+        nb = b.decide("out", alert(), service=None, now_ms=T0 + 181_000).notification
+        assert na is not None and nb is not None
+        assert na.key == nb.key == f"scale:vllm:out:3->4:{T0 + 60_000}"
+        assert a.desired_replicas() == b.desired_replicas() == {"vllm": 4}
+    finally:
+        for d in dbs:
+            d.close()
+
+
+def test_key_windows_follow_the_direction_cooldown_and_a_new_alert_start(db: StateDB) -> None:
+    """Scale-in counts windows of scale_in_cooldown; a later firing (a new startsAt) starts new windows;
+    an alert without a start counts them from the epoch."""
+    assert idempotency_key("vllm", "in", 4, 3, started_ms=T0, now_ms=T0 + 1_300_000, cooldown_s=600) \
+        == f"scale:vllm:in:4->3:{T0 + 1_200_000}"
+    assert idempotency_key("vllm", "out", 2, 3, started_ms=T0 + 5, now_ms=T0 + 5, cooldown_s=180) \
+        == f"scale:vllm:out:2->3:{T0 + 5}"
+    # 1_700_000_000_000 ms = 9_444_444 windows of 180 s and 80 s over
+    assert idempotency_key("vllm", "out", 2, 3, started_ms=0, now_ms=T0, cooldown_s=180) \
+        == f"scale:vllm:out:2->3:{T0 - 80_000}"

@@ -187,9 +187,9 @@ async def test_jobs_run_on_the_event_loop_thread(fleet: Fleet, tmp_path: Path) -
     threads: set[int] = set()
     real_evaluate, real_gc = agent.evaluate, agent.gc
 
-    async def evaluate(group: object) -> None:
+    async def evaluate(group: object, at_ms: int | None = None) -> None:
         threads.add(threading.get_ident())
-        await real_evaluate(group)  # type: ignore[arg-type]
+        await real_evaluate(group, at_ms)  # type: ignore[arg-type]
 
     def gc() -> None:
         threads.add(threading.get_ident())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -207,3 +208,36 @@ async def test_v1_models_reports_max_model_len_as_vllm_does(start_fleet: StartFl
             (lm_card,) = (await resp.json())["data"]
     assert (card["id"], card["owned_by"], card["max_model_len"]) == ("meta-llama/Llama-3.1-8B-Instruct", "vllm", 8192)
     assert lm_card["owned_by"] == "lmdeploy" and "max_model_len" not in lm_card
+
+
+async def test_scale_key_from_the_header_is_remembered_for_an_hour() -> None:
+    """The ``Idempotency-Key`` header (what the agent's scale sink sends) de-duplicates like the body field:
+    a repeat answers 200 with the remembered result, not the current count; an hour later the key is new."""
+    shift = [0.0]
+    fleet = Fleet(FleetConfig(replicas=2, base_port=0, speed=20.0, step_s=0.05),
+                  clock=lambda: time.monotonic() + shift[0])
+    await fleet.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def post(body: dict[str, object], key: str) -> tuple[int, dict[str, object]]:
+                async with session.post(fleet.control_url + "/scale", json=body,
+                                        headers={"Idempotency-Key": key}) as resp:
+                    return resp.status, await resp.json()
+
+            assert await post({"replicas": 3}, "scale:vllm:out:2->3:1") == (
+                200, {"replicas": 3, "targets": fleet.targets, "applied": True})
+            assert (await post({"delta": 1}, "other"))[1]["replicas"] == 4
+            # the same key again (the other replica of an HA pair): the result it got first, nothing applied
+            status, again = await post({"replicas": 3}, "scale:vllm:out:2->3:1")
+            assert (status, again["replicas"], again["applied"]) == (200, 3, False)
+            assert len(fleet.targets) == 4
+            shift[0] = 3601.0
+            status, later = await post({"replicas": 3}, "scale:vllm:out:2->3:1")
+            assert (status, later["replicas"], later["applied"]) == (200, 3, True)
+            async with session.get(fleet.control_url + "/state") as resp:
+                log = (await resp.json())["scale_requests"]
+        assert [(e["key"], e["replicas"], e["applied"]) for e in log] == [
+            ("scale:vllm:out:2->3:1", 3, True), ("other", 4, True), ("scale:vllm:out:2->3:1", 3, False),
+            ("scale:vllm:out:2->3:1", 3, True)]
+    finally:
+        await fleet.stop()
