@@ -220,6 +220,12 @@ class Agent:
     def webhook_refused(self) -> None:
         self.act.intake_stats.rejected += 1
 
+    async def accept_finding(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.act.accept_finding(body)
+
+    def finding_refused(self) -> None:
+        self.act.intake_stats.findings["invalid"] += 1
+
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml
         return {

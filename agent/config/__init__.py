@@ -50,6 +50,7 @@ from agent.config.act import (
     default_route,
 )
 from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
+from agent.config.forward import ForwardConfig
 from agent.config.remote_write import RemoteWriteConfig, RemoteWriteQueueConfig
 from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
 from agent.config.source import SourceConfig, SourceTLSConfig
@@ -73,6 +74,7 @@ __all__ = [
     "ConsoleReceiverConfig",
     "DiagnosticsConfig",
     "FileSDConfig",
+    "ForwardConfig",
     "NcclDiagnosisConfig",
     "NotifyConfig",
     "NvmlConfig",
@@ -206,6 +208,7 @@ class Config(ConfigModel):
     server: ServerConfig = ServerConfig()
     source: SourceConfig = SourceConfig()
     remote_write: list[RemoteWriteConfig] = Field(default_factory=list)
+    forward: ForwardConfig | None = None  # node agents: findings to the central agent's intake
     rules: RulesConfig = RulesConfig()
     state: StateConfig = StateConfig()
     store: StoreConfig = StoreConfig()
