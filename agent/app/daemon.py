@@ -161,7 +161,7 @@ class Agent:
         self._static_targets = static_targets(config.targets)  # the config is frozen: once is enough
         self.nvml: NvmlSource | None = None
         if config.nvml.mode != "false":
-            self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
+            self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or config.nvml.hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
         self._self_writer = RoundWriter(self.store, keep_filter=False)  # the agent's own health, for our rules
         if self.remote_write is not None and "scraped" in self.remote_write.kinds:  # embedded mode (config checks)
