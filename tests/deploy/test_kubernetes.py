@@ -233,6 +233,10 @@ def test_shards_statefulset_lines_up_with_its_config(tmp_path: Path) -> None:
     pair = _config_with_token(docs, "sre-agent-config", tmp_path)
     assert pair.source.type == "prometheus" and [r.kind for r in pair.receivers] == ["alertmanager"]
     assert "# ha:" in one(docs, "ConfigMap", "sre-agent-config")["data"]["agent.yaml"]  # the HA placeholder
+    node = _config_with_token(docs, "sre-agent-node-config", tmp_path)
+    assert node.forward is not None and [list(r.write) for r in node.remote_write] == [["scraped"]]
+    assert {r.url for r in [*cfg.remote_write, *node.remote_write, *pair.remote_write]} == {
+        f"{pair.source.url}/api/v1/write"}  # one TSDB: what shards and node agents write, the pair reads
 
 
 # -- the example vLLM Deployment ---------------------------------------------------------------
