@@ -9,8 +9,9 @@ agent with ``scrape.shards: {total: S, index: 0}`` over every simulated target (
 ~1/S share by Prometheus' hashmod), ``remote_write: [{write: [scraped, recording, alerts]}]`` and the
 bundled rules. After a warm-up of two intervals it reads, over the rest of the run, the agent process'
 CPU time from ``/proc/<pid>/stat`` (utime + stime), its RSS, and its own counters: remote-write samples
-and compressed bytes the TSDB acknowledged. It prints CPU per scraped target per scrape, cores per
-1,000 targets at 15 s, samples written per target and scrape, wire bytes per sample, and the
+and compressed bytes the TSDB acknowledged. It prints the scrape cycles that ran (against the
+interval's count: a cycle longer than the interval skips the next), CPU per scraped target per
+scrape, cores per 1,000 targets at 15 s, samples written per target and scrape, wire bytes per sample, and the
 TSDB's own storage bytes per row after a forced flush (a short run compresses worse than a long one:
 an upper bound). Not a test: numbers depend on the machine.
 """
@@ -99,11 +100,17 @@ def bench(urls: list[str], shards: int, interval: float, minutes: float) -> dict
     wire = _metric_sum(m1, "sre_agent_remote_write_sent_bytes_total") - _metric_sum(
         m0, "sre_agent_remote_write_sent_bytes_total")
     window = t1 - t0
-    scrapes = window / interval * kept
+    cycles = _metric_sum(m1, "sre_agent_scrape_cycles_total") - _metric_sum(m0, "sre_agent_scrape_cycles_total")
+    scrapes = cycles * kept  # the cycles that ran (a cycle longer than the interval skips the next)
+    pending = _metric_sum(m1, "sre_agent_remote_write_pending_samples")
+    dropped = _metric_sum(m1, "sre_agent_remote_write_dropped_samples_total") - _metric_sum(
+        m0, "sre_agent_remote_write_dropped_samples_total")
     cpu = c1 - c0
     rows = _metric_sum(vmm, "vm_rows", r'type="storage/')
     size = _metric_sum(vmm, "vm_data_size_bytes", r'type="storage/')
-    return {"kept": kept, "window_s": window, "cpu_s": cpu, "cores": cpu / window,
+    return {"kept": kept, "window_s": window, "cycles": cycles, "cycles_expected": window / interval,
+            "last_cycle_s": _metric_sum(m1, "sre_agent_scrape_cycle_duration_seconds"),
+            "rw_pending_end": pending, "rw_dropped": dropped, "cpu_s": cpu, "cores": cpu / window,
             "cpu_ms_per_target_scrape": cpu / scrapes * 1000 if scrapes else float("nan"),
             "cores_per_1k_at_15s": cpu / scrapes * 1000 / 15 if scrapes else float("nan"),
             "samples_per_target_scrape": samples / scrapes if scrapes else float("nan"),
