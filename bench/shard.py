@@ -5,15 +5,15 @@ and remote-writing what it scraped (and its recording results) to a real Victori
     python bench/shard.py --targets 2000 --shards 2 --interval 15 --minutes 3
 
 It starts `sre-agent simulate` (its own processes, not counted), a VictoriaMetrics single node and the
-agent with ``scrape.shards: {total: S, index: 0}`` over every simulated target (so the agent keeps its
-~1/S share by Prometheus' hashmod), ``remote_write: [{write: [scraped, recording, alerts]}]`` and the
-bundled rules. After a warm-up of two intervals it reads, over the rest of the run, the agent process'
-CPU time from ``/proc/<pid>/stat`` (utime + stime), its RSS, and its own counters: remote-write samples
-and compressed bytes the TSDB acknowledged. It prints the scrape cycles that ran (against the
-interval's count: a cycle longer than the interval skips the next), CPU per scraped target per
-scrape, cores per 1,000 targets at 15 s, samples written per target and scrape, wire bytes per sample, and the
-TSDB's own storage bytes per row after a forced flush (a short run compresses worse than a long one:
-an upper bound). Not a test: numbers depend on the machine.
+agent configured as ``deploy/kubernetes/shards`` configures a shard: ``scrape.shards: {total: S,
+index: 0}`` over every simulated target (so it keeps its ~1/S share by Prometheus' hashmod),
+``store.keep_all``, no rules, ``remote_write: [{write: [scraped]}]``. After a warm-up of two intervals
+it reads, over the rest of the run, the agent process' CPU time from ``/proc/<pid>/stat`` (utime +
+stime), its RSS and its own counters (remote-write samples and compressed bytes the TSDB acknowledged),
+and counts the target scrapes that ran in the TSDB (one ``up`` sample each: a cycle longer than the
+interval skips the next). It prints CPU per target scrape, cores per 1,000 targets at 15 s, samples
+written per target scrape, wire bytes per sample, and the TSDB's own storage bytes per row after a
+forced flush (a short run compresses worse than a long one: an upper bound). Not a test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -71,14 +72,15 @@ def bench(urls: list[str], shards: int, interval: float, minutes: float) -> dict
             "targets": [{"url": u, "job": "vllm"} for u in urls],
             "scrape": {"interval": f"{interval:g}s", "timeout": f"{min(interval, 10):g}s", "concurrency": 256,
                        "shards": {"total": shards, "index": 0}},
-            "remote_write": [{"url": f"{vm}/api/v1/write", "write": ["scraped", "recording", "alerts"]}],
+            "remote_write": [{"url": f"{vm}/api/v1/write", "write": ["scraped"]}],
             "nvml": {"enabled": "false"}, "server": {"listen": f"127.0.0.1:{agent_port}"},
-            "rules": {"evaluation_interval": f"{interval:g}s"},
+            # as deploy/kubernetes/shards: no rules (the central pair evaluates), every scraped family kept
+            "rules": {"files": []}, "store": {"keep_all": True},
             "state": {"path": str(work / "agent.db")}, "log": {"level": "error"},
         }
         (work / "agent.yaml").write_text(json.dumps(cfg))
         with running(["victoria-metrics", f"-httpListenAddr=127.0.0.1:{vm_port}", f"-storageDataPath={work}/vm",
-                      "-loggerLevel=ERROR"], vm_port, "VictoriaMetrics"):
+                      "-search.latencyOffset=1s", "-loggerLevel=ERROR"], vm_port, "VictoriaMetrics"):
             proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(work / "agent.yaml")],
                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
@@ -95,20 +97,26 @@ def bench(urls: list[str], shards: int, interval: float, minutes: float) -> dict
             _get(f"{vm}/internal/force_flush")
             time.sleep(2)
             vmm = _get(f"{vm}/metrics")
+            # the scrapes that really ran in the window: one `up` sample each, counted in the TSDB
+            query = urllib.parse.urlencode({"query": f'sum(count_over_time(up{{job="vllm"}}[{int(t1 - t0)}s]))',
+                                            "time": f"{time.time() - (time.monotonic() - t1):.3f}"})
+            result = json.loads(_get(f"{vm}/api/v1/query?{query}"))["data"]["result"]
+            ups = float(result[0]["value"][1]) if result else 0.0
     samples = _metric_sum(m1, "sre_agent_remote_write_sent_samples_total") - _metric_sum(
         m0, "sre_agent_remote_write_sent_samples_total")
     wire = _metric_sum(m1, "sre_agent_remote_write_sent_bytes_total") - _metric_sum(
         m0, "sre_agent_remote_write_sent_bytes_total")
     window = t1 - t0
     cycles = _metric_sum(m1, "sre_agent_scrape_cycles_total") - _metric_sum(m0, "sre_agent_scrape_cycles_total")
-    scrapes = cycles * kept  # the cycles that ran (a cycle longer than the interval skips the next)
+    scrapes = ups  # target scrapes that ran (a cycle longer than the interval skips the next)
     pending = _metric_sum(m1, "sre_agent_remote_write_pending_samples")
     dropped = _metric_sum(m1, "sre_agent_remote_write_dropped_samples_total") - _metric_sum(
         m0, "sre_agent_remote_write_dropped_samples_total")
     cpu = c1 - c0
     rows = _metric_sum(vmm, "vm_rows", r'type="storage/')
     size = _metric_sum(vmm, "vm_data_size_bytes", r'type="storage/')
-    return {"kept": kept, "window_s": window, "cycles": cycles, "cycles_expected": window / interval,
+    return {"kept": kept, "window_s": window, "target_scrapes": scrapes, "cycles": cycles,
+            "cycles_expected": window / interval,
             "last_cycle_s": _metric_sum(m1, "sre_agent_scrape_cycle_duration_seconds"),
             "rw_pending_end": pending, "rw_dropped": dropped, "cpu_s": cpu, "cores": cpu / window,
             "cpu_ms_per_target_scrape": cpu / scrapes * 1000 if scrapes else float("nan"),
