@@ -170,12 +170,13 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=5.0, help="scrape and evaluation interval, seconds")
     ap.add_argument("--vmalert", choices=("on", "off"), default="on",
                     help="off: the agent alone (a large fleet on a small machine; no ratio)")
+    ap.add_argument("--log-level", default="error", help="the agent's log level (warning: failed evaluations)")
     args = ap.parse_args()
     needed = ("victoria-metrics", "vmagent", "vmalert") if args.vmalert == "on" else ("victoria-metrics", "vmagent")
     missing = [b for b in needed if shutil.which(b) is None]
     if missing:
         raise SystemExit(f"needs {', '.join(missing)} on PATH (apt-get install victoria-metrics)")
-    configure_logging("console", "error")
+    configure_logging("console", args.log_level)
     print(f"{'targets':>8} {'agent (ms)':>11} {'vmalert (ms)':>13} {'agent/vmalert':>14} {'rounds':>7} "
           f"{'agent CPU/round (ms)':>21}")
     for n in args.targets or [100, 1000]:
