@@ -28,7 +28,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import aiohttp
@@ -326,7 +326,7 @@ class ActLayer:
             raise StateError("the act layer has not started")
         rule_alerts = [d.snapshot(a) for a in self._rules.alerts(states=(AlertState.FIRING,))]  # on the loop
         try:
-            out = await self.db.run(self._record_forwarded, d, f, rule_alerts, self.now_ms())
+            out = await self.db.run(finding_intake.record, self.db, d, f, rule_alerts, self.now_ms())
         except StateError as exc:
             self.intake_stats.findings["unstored"] += 1
             log.error("forwarded finding not stored; answered 503 for the node agent to retry", key=f.key,
@@ -338,24 +338,6 @@ class ActLayer:
             "forwarded finding accepted", key=f.key, kind=f.finding.kind, outcome=outcome,
             alertname=out["alertname"], node=f.identity().get("node", ""))
         return out
-
-    def _record_forwarded(self, d: Dispatcher, f: finding_intake.Forwarded, rule_alerts: list[AlertSnapshot],
-                          now_ms: int) -> dict[str, Any]:
-        """Writer thread: match, then record the key and the finding in one transaction."""
-        firing = [intake.snapshot(a) for a in self.db.intake.current(now_ms=now_ms, resolved_keep_ms=0)
-                  if a.status == "firing"]
-        finding = replace(f.finding, labels={**f.labels, **f.finding.labels})
-        alert = finding_intake.match(f, [*rule_alerts, *firing])
-        fp = alert.fingerprint if alert is not None else fingerprint(
-            {"finding": finding.kind, "severity": finding.severity, **finding.labels})
-        with self.db.transaction():
-            known = self.db.forwarded.get(f.key)
-            if known is not None:
-                return {"key": f.key, "duplicate": True, "fingerprint": known, "alertname": "", "queued": 0}
-            self.db.forwarded.add(f.key, fingerprint=fp, now_ms=now_ms)
-            queued = d.post_finding(finding, alert, now_ms=now_ms, forward=False)
-        return {"key": f.key, "duplicate": False, "fingerprint": fp, "queued": queued,
-                "alertname": alert.labels.get("alertname", "") if alert is not None else ""}
 
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
         """Queue a finding for its receivers: handed to the writer thread; :meth:`stop` waits for it."""

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.act.notification import AlertSnapshot
+from agent.act import intake
+from agent.act.dispatch import Dispatcher
+from agent.act.notification import AlertSnapshot, fingerprint
+from agent.act.state import StateDB
 from agent.diagnose.findings import Finding
 
-__all__ = ["IDENTITY_LABELS", "MAX_BODY_BYTES", "Forwarded", "identity", "match", "parse_forwarded"]
+__all__ = ["IDENTITY_LABELS", "MAX_BODY_BYTES", "Forwarded", "identity", "match", "parse_forwarded", "record"]
 
 #: The largest request body taken (413 above it): a finding's evidence is a few log lines.
 MAX_BODY_BYTES = 256 * 1024
@@ -101,6 +104,25 @@ def match(forwarded: Forwarded, alerts: Iterable[AlertSnapshot]) -> AlertSnapsho
         if best is None or rank > best:
             best, found = rank, a
     return found
+
+
+def record(db: StateDB, d: Dispatcher, f: Forwarded, rule_alerts: list[AlertSnapshot], now_ms: int) -> dict[str, Any]:
+    """On the state database's writer thread: match ``f`` among the rule alerts and the firing intake
+    alerts, then record its key and the finding (incident event, notifications) in one transaction.
+    A key recorded before changes nothing (``duplicate``). The finding carries the node's labels."""
+    firing = [intake.snapshot(a) for a in db.intake.current(now_ms=now_ms, resolved_keep_ms=0) if a.status == "firing"]
+    finding = replace(f.finding, labels={**f.labels, **f.finding.labels})
+    alert = match(f, [*rule_alerts, *firing])
+    fp = alert.fingerprint if alert is not None else fingerprint(
+        {"finding": finding.kind, "severity": finding.severity, **finding.labels})
+    with db.transaction():
+        known = db.forwarded.get(f.key)
+        if known is not None:
+            return {"key": f.key, "duplicate": True, "fingerprint": known, "alertname": "", "queued": 0}
+        db.forwarded.add(f.key, fingerprint=fp, now_ms=now_ms)
+        queued = d.post_finding(finding, alert, now_ms=now_ms, forward=False)
+    return {"key": f.key, "duplicate": False, "fingerprint": fp, "queued": queued,
+            "alertname": alert.labels.get("alertname", "") if alert is not None else ""}
 
 
 def parse_forwarded(data: Mapping[str, Any]) -> Forwarded:
