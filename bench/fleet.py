@@ -66,15 +66,26 @@ def start_fleet(n: int) -> tuple[subprocess.Popen[str], list[str]]:
     return proc, urls
 
 
+#: Replicas per simulator process (the simulator serves at most 1,024): larger fleets start several.
+FLEET_CHUNK = 1000
+
+
 @contextmanager
 def running_fleet(n: int) -> Iterator[list[str]]:
-    """A `sre-agent simulate` process with ``n`` replicas; yields their metrics URLs."""
-    proc, urls = start_fleet(n)
+    """``sre-agent simulate`` processes with ``n`` replicas in all; yields their metrics URLs."""
+    procs: list[subprocess.Popen[str]] = []
+    urls: list[str] = []
     try:
+        for start in range(0, n, FLEET_CHUNK):
+            proc, chunk = start_fleet(min(FLEET_CHUNK, n - start))
+            procs.append(proc)
+            urls += chunk
         yield urls
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
 
 
 

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 import aiohttp
 import structlog
 
-from agent.act import intake
+from agent.act import finding_intake, intake
 from agent.act.dispatch import DiagnoseHook, Dispatcher
 from agent.act.leadership import Leadership
 from agent.act.notification import AlertSnapshot, fingerprint
@@ -318,6 +318,31 @@ class ActLayer:
         d.regroup((intake.snapshot(a) for a in alerts), now_ms)
         if alerts:
             log.info("alertmanager alerts regrouped", alerts=len(alerts))
+
+    # -- findings forwarded by node agents (agent.act.finding_intake) -----------------------------
+    async def accept_finding(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A finding a node agent forwarded: recorded in the incident of the firing alert it is about (or
+        an incident of its own) and routed like a local finding, all committed before this returns.
+        ``ValueError`` (answer 400) names what is wrong; ``StateError`` (answer 503: the node agent's
+        outbox retries) propagates. A key recorded before is a retry: ``duplicate``, nothing more done."""
+        f = finding_intake.parse_forwarded(body)
+        d = self.dispatcher
+        if d is None:
+            raise StateError("the act layer has not started")
+        rule_alerts = [d.snapshot(a) for a in self._rules.alerts(states=(AlertState.FIRING,))]  # on the loop
+        try:
+            out = await self.db.run(finding_intake.record, self.db, d, f, rule_alerts, self.now_ms())
+        except StateError as exc:
+            self.intake_stats.findings["unstored"] += 1
+            log.error("forwarded finding not stored; answered 503 for the node agent to retry", key=f.key,
+                      kind=f.finding.kind, error=str(exc))
+            raise
+        outcome = "duplicate" if out["duplicate"] else "matched" if out["alertname"] else "unmatched"
+        self.intake_stats.findings[outcome] += 1
+        (log.debug if out["duplicate"] else log.info)(
+            "forwarded finding accepted", key=f.key, kind=f.finding.kind, outcome=outcome,
+            alertname=out["alertname"], node=f.identity().get("node", ""))
+        return out
 
     def post_finding(self, finding: Finding, alert: AlertSnapshot | None) -> None:
         """Queue a finding for its receivers: handed to the writer thread; :meth:`stop` waits for it."""

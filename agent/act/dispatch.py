@@ -48,7 +48,7 @@ from agent.act.notification import (
     json_number,
 )
 from agent.act.outbox import DeliveryStats, OutboxDelivery
-from agent.act.queues import QueueName, alertmanager_queue, receiver_queue
+from agent.act.queues import QueueName, alertmanager_queue, forward_queue, receiver_queue
 from agent.act.routing import Route, Router, active_silences, group_for, muted_by
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink
@@ -189,6 +189,10 @@ class Dispatcher:
                 hook(snap)
             except Exception:  # a diagnostic must never stop notifications
                 log.exception("diagnosis hook failed", alertname=snap.labels.get("alertname", ""))
+
+    def snapshot(self, alert: Alert) -> AlertSnapshot:
+        """A rule alert as receivers see it (the findings intake matches forwarded findings to these)."""
+        return self._snapshot(alert)
 
     def _snapshot(self, alert: Alert) -> AlertSnapshot:
         labels = dict(alert.labels)
@@ -396,11 +400,14 @@ class Dispatcher:
                      dry_run=decision.dry_run, reason=decision.reason)
 
     # -- findings ---------------------------------------------------------------------------------------
-    def post_finding(self, finding: Finding, alert: AlertSnapshot | None, *, now_ms: int) -> int:
+    def post_finding(self, finding: Finding, alert: AlertSnapshot | None, *, now_ms: int,
+                     forward: bool = True) -> int:
         """Queue a finding for the receivers of ``alert`` (into its Slack thread) and record it in
         the alert's incident. A finding with no alert (a tailed log, a target that went down) is
         routed by its own labels (``finding=<kind>``, ``severity``, ``instance``...) and recorded
-        as an incident of its own, opened and closed at once."""
+        as an incident of its own, opened and closed at once. With ``forward:`` set (a node agent)
+        it is also queued for the central agent's intake, unless ``forward`` is False (a finding
+        that arrived through this agent's own intake: it is not sent on, so no loop)."""
         labels = alert.labels if alert is not None else {"finding": finding.kind, "severity": finding.severity,
                                                            **finding.labels}
         fp = alert.fingerprint if alert is not None else fingerprint(labels)
@@ -427,6 +434,11 @@ class Dispatcher:
                                  group_key=gkey,
                                  alerts=(alert,) if alert is not None else (), finding=finding.to_json(),
                                  external_url=self._external_url)
+                queued += int(self._db.outbox.enqueue(n, now_ms=now_ms))
+            if forward and self._config.forward is not None:
+                n = Notification(key=f"finding:forward:{digest}:{now_ms}", receiver=forward_queue(), kind="finding",
+                                 created_ms=now_ms, alerts=(alert,) if alert is not None else (),
+                                 finding=finding.to_json(), external_url=self._external_url)
                 queued += int(self._db.outbox.enqueue(n, now_ms=now_ms))
         return queued
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NewType
 
-__all__ = ["QueueName", "alertmanager_queue", "receiver_queue", "scale_queue"]
+__all__ = ["QueueName", "alertmanager_queue", "forward_queue", "receiver_queue", "scale_queue"]
 
 QueueName = NewType("QueueName", str)
 
@@ -29,3 +29,9 @@ def alertmanager_queue(receiver: str, index: int) -> QueueName:
 def scale_queue(service: str) -> QueueName:
     """The queue of a scaling service's scale-request webhook."""
     return QueueName(f"scale:{service}")
+
+
+def forward_queue() -> QueueName:
+    """The queue of findings forwarded to the central agent (``forward:``); ``:`` keeps it apart
+    from receiver names, as in :func:`scale_queue`."""
+    return QueueName("forward:central")

@@ -17,9 +17,12 @@ from prometheus_client.registry import Collector
 from agent.act.dispatch import Dispatcher
 from agent.act.scaling import Scaler
 
-__all__ = ["INTAKE_OUTCOMES", "ActCollector", "ActViews", "IntakeStats", "StateHealth"]
+__all__ = ["FINDING_OUTCOMES", "INTAKE_OUTCOMES", "ActCollector", "ActViews", "IntakeStats", "StateHealth"]
 
 INTAKE_OUTCOMES = ("accepted", "duplicate", "own")
+#: Outcomes of ``POST /api/v1/findings``: matched (into an alert's incident), unmatched (an incident of
+#: its own), duplicate (a key recorded before: a node agent's retry), invalid (400), unstored (503).
+FINDING_OUTCOMES = ("matched", "unmatched", "duplicate", "invalid", "unstored")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class IntakeStats:
     rejected: int = 0  # webhooks answered 400
     unstored: int = 0  # webhooks answered 503: the state database refused the write
     processed: int = 0  # transitions taken from the inbox
+    findings: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINDING_OUTCOMES, 0))
 
 
 class _Act(Protocol):
@@ -130,4 +134,11 @@ class ActCollector(Collector):
         processed.add_metric([], st.processed)
         inbox = GaugeMetricFamily("sre_agent_intake_inbox", "Alert transitions accepted and not processed yet.")
         inbox.add_metric([], self._act.views.intake_inbox)
-        yield from (alerts, refused, processed, inbox)
+        findings = CounterMetricFamily("sre_agent_intake_findings",
+                                       "Findings node agents forwarded to POST /api/v1/findings, by outcome: "
+                                       "matched (into a firing alert's incident), unmatched (an incident of its own), "
+                                       "duplicate (a retry of a recorded key), invalid (400), unstored (503).",
+                                       labels=["outcome"])
+        for outcome, n in st.findings.items():
+            findings.add_metric([outcome], n)
+        yield from (alerts, refused, processed, inbox, findings)

@@ -177,7 +177,7 @@ class Agent:
         self._static_targets = static_targets(config.targets)  # the config is frozen: once is enough
         self.nvml: NvmlSource | None = None
         if config.nvml.mode != "false":
-            self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or socket.gethostname())
+            self.nvml = NvmlSource(nvml=nvml_module, hostname=hostname or config.nvml.hostname or socket.gethostname())
         self._nvml_writer = RoundWriter(self.store)
         self._self_writer = RoundWriter(self.store, keep_filter=False)  # the agent's own health, for our rules
         if self.remote_write is not None and "scraped" in self.remote_write.kinds:  # embedded mode (config checks)
@@ -239,6 +239,12 @@ class Agent:
 
     def webhook_refused(self) -> None:
         self.act.intake_stats.rejected += 1
+
+    async def accept_finding(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.act.accept_finding(body)
+
+    def finding_refused(self) -> None:
+        self.act.intake_stats.findings["invalid"] += 1
 
     def status_json(self) -> dict[str, Any]:
         nv = self.nvml

@@ -22,6 +22,10 @@ The endpoint is hardened because it shares a process with the scraper:
   answered 200 once its alerts are committed to the state database, 400 naming the problem for a
   payload that is not Alertmanager's version-4 webhook (Alertmanager does not retry a 4xx), and 503
   when the state database refused the write (Alertmanager retries a 5xx);
+* **forwarded findings** (``POST /api/v1/findings``, :mod:`agent.act.finding_intake`): what node agents
+  send (``forward:``), answered 200 once recorded in an incident, 400 naming the problem, 413 over
+  :data:`~agent.act.finding_intake.MAX_BODY_BYTES`, 503 when the state database refused the write (the
+  node agent's outbox retries);
 * **bad input** is answered ``400`` naming the problem (or ``413``/``408`` for a body too big or
   too slow); an unexpected exception is logged once with its traceback and answered a generic
   ``500``, a path no input should reach.
@@ -44,6 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from agent.act.finding_intake import MAX_BODY_BYTES as FINDING_BODY_LIMIT
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
 from agent.app.triage import CONTENT_TYPES, CSP, FORMATS
 from agent.app.ui import add_ui, bypasses_bearer
@@ -111,6 +116,10 @@ class AgentView(Protocol):
     async def incident_report(self, incident_id: int, fmt: str) -> str: ...
 
     def webhook_refused(self) -> None: ...
+
+    async def accept_finding(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def finding_refused(self) -> None: ...
 
 
 class _BadRequest(Exception):
@@ -304,6 +313,27 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
                    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
         return web.Response(text=body, headers=headers)
 
+    async def findings(request: web.Request) -> web.Response:
+        try:
+            if (request.content_length or 0) > FINDING_BODY_LIMIT:
+                raise _BadRequest(f"a forwarded finding is at most {FINDING_BODY_LIMIT} bytes; this one declares "
+                                  f"{request.content_length}", 413, "too_large")
+            body = await read_json_object(request, timeout_s=body_timeout)
+            if len(await request.read()) > FINDING_BODY_LIMIT:  # chunked: no length declared
+                raise _BadRequest(f"a forwarded finding is at most {FINDING_BODY_LIMIT} bytes", 413, "too_large")
+            return _ok(await agent.accept_finding(body))
+        except _BadRequest:
+            agent.finding_refused()
+            raise
+        except web.HTTPRequestEntityTooLarge:  # over server.body_limit, refused by aiohttp itself
+            agent.finding_refused()
+            raise
+        except ValueError as exc:  # not the findings intake format, named by agent.act.finding_intake
+            agent.finding_refused()
+            raise _BadRequest(str(exc)) from exc
+        except StateError:  # logged by the act layer; a 5xx makes the node agent's outbox retry
+            return _error(503, "unavailable", "the state database refused the write; retry later")
+
     middlewares: list[Any] = [guard_middleware(guard), _errors]
     token = cfg.auth.bearer_token
     if token is not None:
@@ -325,6 +355,7 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
     add_ui(app, agent, token=token.get_secret_value() if token is not None else None,
            protect_reads=cfg.auth.protect_reads, body_timeout_s=body_timeout)  # the web UI at /
     app.router.add_get("/incidents/{id}", incident_report)
+    app.router.add_post("/api/v1/findings", findings)
     return app
 
 

@@ -25,6 +25,7 @@ from pydantic import (
     BaseModel,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -50,6 +51,7 @@ from agent.config.act import (
     default_route,
 )
 from agent.config.collect import BasicAuthConfig, FileSDConfig, ScrapeConfig, TargetConfig, check_target_url
+from agent.config.forward import ForwardConfig
 from agent.config.ha import HaConfig, LeaseConfig, direct_receivers_refused
 from agent.config.remote_write import RemoteWriteConfig, RemoteWriteQueueConfig
 from agent.config.server import ServerAuthConfig, ServerConfig, ServerTLSConfig
@@ -74,6 +76,7 @@ __all__ = [
     "ConsoleReceiverConfig",
     "DiagnosticsConfig",
     "FileSDConfig",
+    "ForwardConfig",
     "HaConfig",
     "LeaseConfig",
     "NcclDiagnosisConfig",
@@ -110,8 +113,28 @@ DEFAULT_TARGET = "http://127.0.0.1:8000/metrics"  # vLLM's default port (vllm se
 
 
 class NvmlConfig(ConfigModel):
+    """The GPU poller. ``hostname`` (or ``hostname_env``, e.g. ``NODE_NAME`` from the Kubernetes downward
+    API: a pod's own hostname is the pod's name) is the ``Hostname`` label of its series; default: the
+    machine's hostname. A node agent names its node the same way in ``forward.labels``, so the central
+    agent joins its findings to the GPU alerts of that node."""
+
     enabled: Literal["auto", "true", "false"] | bool = "auto"
     interval: Duration = 15.0
+    hostname: str | None = None
+    hostname_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hostname_from_env(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or data.get("hostname_env") is None:
+            return data
+        if data.get("hostname") is not None:
+            raise ValueError("give hostname or hostname_env, not both")
+        name = data["hostname_env"]
+        environ: Mapping[str, str] = (info.context or {}).get("environ", {})
+        if not isinstance(name, str) or not environ.get(name):
+            raise ValueError(f"hostname_env: environment variable {name!r} is not set")
+        return {**data, "hostname": environ[name]}
 
     @property
     def mode(self) -> str:
@@ -209,6 +232,7 @@ class Config(ConfigModel):
     server: ServerConfig = ServerConfig()
     source: SourceConfig = SourceConfig()
     remote_write: list[RemoteWriteConfig] = Field(default_factory=list)
+    forward: ForwardConfig | None = None  # node agents: findings to the central agent's intake
     rules: RulesConfig = RulesConfig()
     state: StateConfig = StateConfig()
     store: StoreConfig = StoreConfig()

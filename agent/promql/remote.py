@@ -27,11 +27,28 @@ from agent.config.source import SourceConfig
 from agent.errors import SourceError
 from agent.series import Labels, labels_from
 
-__all__ = ["RemoteSource", "parse_query_response"]
+__all__ = ["RemoteSource", "parse_query_response", "read_capped"]
 
 log = structlog.get_logger(__name__)
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a rule answer is a few KiB; anything near this is a runaway query
+
+
+async def read_capped(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to ``limit`` bytes. ``StreamReader.read(n)`` returns what has arrived so far (at most
+    ``n``), not ``n`` bytes: an answer of a thousand series comes in several chunks, and one read of it
+    is a truncated JSON document."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await content.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 _BODY_EXCERPT = 200
 
 
@@ -138,7 +155,7 @@ class RemoteSource:
         url = f"{self.config.url}/api/v1/rules"
         try:
             async with self._open().get(url, params={"type": "record"}) as resp:
-                raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+                raw = await read_capped(resp.content, MAX_RESPONSE_BYTES + 1)
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
@@ -166,7 +183,7 @@ class RemoteSource:
         form = {"query": query, "time": f"{at:.3f}", "timeout": f"{self.config.timeout:g}s"}
         try:
             async with self._open().post(self.url, data=form) as resp:
-                raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+                raw = await read_capped(resp.content, MAX_RESPONSE_BYTES + 1)
                 status = resp.status
         except TimeoutError as exc:
             self.failures["timeout"] += 1

@@ -336,3 +336,15 @@ def test_expanded_value_quoted_briefly_in_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"scrape\.interval") as err:
         load_config(_write(tmp_path, doc))
     assert len(str(err.value)) < 400 and str(err.value).count("aaaa") < 10
+
+
+def test_nvml_hostname_from_the_environment(tmp_path: Path) -> None:
+    """nvml.hostname_env names the node (the downward API's NODE_NAME); unset, or beside hostname, is refused."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("nvml:\n  hostname_env: NODE_NAME\n")
+    assert load_config(path, environ={"NODE_NAME": "gpu-node-7"}).nvml.hostname == "gpu-node-7"
+    with pytest.raises(ConfigError, match="NODE_NAME"):
+        load_config(path, environ={})
+    path.write_text("nvml:\n  hostname: a\n  hostname_env: NODE_NAME\n")
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(path, environ={"NODE_NAME": "b"})

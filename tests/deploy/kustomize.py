@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
 
 # Every kustomization under deploy/kubernetes, by its path there.
-OVERLAYS = ("base", "node-agent", "monitoring", "vllm", "autoscaling/hpa", "autoscaling/keda")
+OVERLAYS = ("base", "node-agent", "monitoring", "vllm", "autoscaling/hpa", "autoscaling/keda", "shards")
 
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
                                    reason="kubectl not installed: cannot run `kubectl kustomize`")

@@ -36,10 +36,15 @@ EXPECTED_KINDS = {
     "vllm": {"Deployment", "Service", "PodDisruptionBudget"},
     "autoscaling/hpa": MONITORING_KINDS | {"HorizontalPodAutoscaler"},
     "autoscaling/keda": MONITORING_KINDS | {"ScaledObject"},
+    "shards": BASE_KINDS | {"DaemonSet", "StatefulSet"},
 }
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"}
 AUTOSCALING = ("autoscaling/hpa", "autoscaling/keda")
 VLLM = "vllm-llama-3-70b"
+# What the downward API gives the pods that read it (POD_NAME: the shards' ordinal, NODE_NAME: node agents).
+POD_ENV = {"POD_NAME": "sre-agent-shard-2", "NODE_NAME": "gpu-node-1"}
+CONFIGMAP_KIND = {"sre-agent-config": "Deployment", "sre-agent-node-config": "DaemonSet",
+                  "sre-agent-shard-config": "StatefulSet"}
 
 
 def test_every_kustomization_is_tested() -> None:
@@ -102,22 +107,27 @@ def _config_with_token(docs: list[dict[str, Any]], configmap: str, tmp_path: Pat
     token = tmp_path / "token"
     token.write_text(secret["stringData"][Path(token_path).name] + "\n")
     data["server"]["auth"]["bearer_token_file"] = str(token)
+    if "forward" in data:  # a node agent: the central agent's token, from the same Secret
+        assert data["forward"]["token_file"] == token_path
+        data["forward"]["token_file"] = str(token)
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(data))
-    return load_config(path, environ={})
+    return load_config(path, environ=POD_ENV)
 
 
 @needs_kubectl
 @pytest.mark.parametrize(("overlay", "configmap"), [("base", "sre-agent-config"),
-                                                    ("node-agent", "sre-agent-node-config")])
+                                                    ("node-agent", "sre-agent-node-config"),
+                                                    ("shards", "sre-agent-config"),
+                                                    ("shards", "sre-agent-node-config"),
+                                                    ("shards", "sre-agent-shard-config")])
 def test_configmap_is_a_valid_agent_config(overlay: str, configmap: str, tmp_path: Path) -> None:
     docs = build(overlay)
     cfg = _config_with_token(docs, configmap, tmp_path)
     assert cfg.server.listen == "0.0.0.0:9400"
     assert cfg.server.auth.bearer_token is not None
     assert cfg.state.path.startswith("/var/lib/sre-agent/")
-    kind = "Deployment" if overlay == "base" else "DaemonSet"
-    container = one(docs, kind)["spec"]["template"]["spec"]["containers"][0]
+    container = one(docs, CONFIGMAP_KIND[configmap])["spec"]["template"]["spec"]["containers"][0]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert "/var/lib/sre-agent" in mounts and "/etc/sre-agent/token" in mounts
     assert container["args"] == ["run", "--config", "/etc/sre-agent/agent.yaml"]
@@ -177,13 +187,56 @@ def test_node_agent_scheduling_and_mounts() -> None:
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     c = spec["containers"][0]
-    assert {e["name"]: e["value"] for e in c["env"]} == {"NVIDIA_VISIBLE_DEVICES": "all",
-                                                        "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {
+        "NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility", "NODE_NAME": "spec.nodeName"}
     logs = next(m for m in c["volumeMounts"] if m["mountPath"] == "/var/log/pods")
     assert logs["readOnly"] is True
     vol = next(v for v in spec["volumes"] if v["name"] == logs["name"])
     assert vol["hostPath"]["path"] == "/var/log/pods"
     assert "resources" in c and "nvidia.com/gpu" not in c["resources"].get("limits", {})
+
+
+@needs_kubectl
+def test_node_agents_forward_findings_to_the_central_service(tmp_path: Path) -> None:
+    """forward.url is the central agent's Service and port; its token is the central server.auth's Secret
+    (mounted); the node named in findings is the Hostname of its GPU series (both from NODE_NAME)."""
+    docs = build("node-agent")
+    node = _config_with_token(docs, "sre-agent-node-config", tmp_path)
+    assert node.forward is not None
+    svc = one(docs, "Service", "sre-agent")
+    port = svc["spec"]["ports"][0]["port"]
+    assert node.forward.url == f"http://{svc['metadata']['name']}:{port}"
+    assert node.forward.labels == {"Hostname": POD_ENV["NODE_NAME"]} and node.nvml.hostname == POD_ENV["NODE_NAME"]
+    central = _config_with_token(docs, "sre-agent-config", tmp_path)
+    assert central.server.auth.bearer_token is not None and node.forward.token is not None
+    assert node.forward.token.get_secret_value() == central.server.auth.bearer_token.get_secret_value()
+
+
+@needs_kubectl
+def test_shards_statefulset_lines_up_with_its_config(tmp_path: Path) -> None:
+    """replicas = scrape.shards.total, the index from the pod's name, remote write of what it scraped,
+    a volume per pod for the remote-write queue; the central pair has 2 replicas in Prometheus mode."""
+    docs = build("shards")
+    sts = one(docs, "StatefulSet")
+    cfg = _config_with_token(docs, "sre-agent-shard-config", tmp_path)
+    assert cfg.scrape.shards is not None
+    assert sts["spec"]["replicas"] == cfg.scrape.shards.total
+    assert cfg.scrape.shards.index == 2  # from POD_NAME=sre-agent-shard-2
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env[cfg.scrape.shards.index_env or ""] == "metadata.name"
+    assert [list(r.write) for r in cfg.remote_write] == [["scraped"]]
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["state"]
+    assert sts["spec"]["serviceName"] == one(docs, "Service", "sre-agent-shard")["metadata"]["name"]
+    central = one(docs, "Deployment", "sre-agent")
+    assert central["spec"]["replicas"] == 2
+    pair = _config_with_token(docs, "sre-agent-config", tmp_path)
+    assert pair.source.type == "prometheus" and [r.kind for r in pair.receivers] == ["alertmanager"]
+    assert "# ha:" in one(docs, "ConfigMap", "sre-agent-config")["data"]["agent.yaml"]  # the HA placeholder
+    node = _config_with_token(docs, "sre-agent-node-config", tmp_path)
+    assert node.forward is not None and [list(r.write) for r in node.remote_write] == [["scraped"]]
+    assert {r.url for r in [*cfg.remote_write, *node.remote_write, *pair.remote_write]} == {
+        f"{pair.source.url}/api/v1/write"}  # one TSDB: what shards and node agents write, the pair reads
 
 
 # -- the example vLLM Deployment ---------------------------------------------------------------

@@ -4,6 +4,7 @@ server that answers what Prometheus, VictoriaMetrics and Thanos answer (and what
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -198,3 +199,26 @@ async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -
         finally:
             await source.close()
     assert source.failures == {"too_large": 1}
+
+
+async def test_an_answer_streamed_in_many_chunks_is_read_whole() -> None:
+    """A vector of a thousand series arrives in several TCP reads: the whole body is parsed, not the first chunk."""
+    body = json.dumps(_vector(*(({"instance": f"10.0.{i // 256}.{i % 256}:8000", "job": "vllm"}, str(i))
+                                for i in range(2000)))).encode()
+
+    async def streamed(request: web.Request, _: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for start in range(0, len(body), 16 * 1024):
+            await resp.write(body[start:start + 16 * 1024])
+            await asyncio.sleep(0.005)  # the next chunk is not there yet when the client reads
+        await resp.write_eof()
+        return resp
+
+    async with RecordingServer(responder=streamed) as srv:
+        source = _source(srv.url(""))
+        try:
+            result = await source.instant("up", AT_MS)
+        finally:
+            await source.close()
+    assert len(body) > 100_000 and len(result) == 2000 and result[-1][1] == 1999.0

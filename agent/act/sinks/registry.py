@@ -16,10 +16,11 @@ from typing import TextIO
 
 import aiohttp
 
-from agent.act.queues import QueueName, alertmanager_queue, receiver_queue, scale_queue
+from agent.act.queues import QueueName, alertmanager_queue, forward_queue, receiver_queue, scale_queue
 from agent.act.sinks import MessageRefs, Sink
 from agent.act.sinks.alertmanager import AlertmanagerSink
 from agent.act.sinks.console import ConsoleSink
+from agent.act.sinks.forward import ForwardSink
 from agent.act.sinks.scale import ScaleSink
 from agent.act.sinks.slack import SlackSink
 from agent.act.sinks.webhook import WebhookSink
@@ -72,7 +73,8 @@ FACTORIES: dict[str, Factory] = {
 
 
 def build_sinks(config: Config, ctx: SinkContext) -> dict[QueueName, Sink]:
-    """One sink per outbox queue: every receiver's, then every scaling service's webhook."""
+    """One sink per outbox queue: every receiver's, every scaling service's webhook, and the central
+    agent's intake when ``forward`` is set."""
     sinks: dict[QueueName, Sink] = {}
     for r in config.receivers:
         sinks.update(FACTORIES[r.kind](r, ctx))
@@ -80,4 +82,6 @@ def build_sinks(config: Config, ctx: SinkContext) -> dict[QueueName, Sink]:
         if svc.webhook is not None:
             queue = scale_queue(svc.name)
             sinks[queue] = ScaleSink(queue, svc.webhook, ctx.session)
+    if config.forward is not None:
+        sinks[forward_queue()] = ForwardSink(forward_queue(), config.forward, ctx.session)
     return sinks

@@ -14,6 +14,8 @@ over that one connection, so a dispatcher round that touches several of them sti
 * ``db.silences`` and ``db.incidents`` (:mod:`~agent.act.state.history`);
 * ``db.intake`` (:class:`~agent.act.state.intake.Intake`): alerts an Alertmanager posted to the
   agent's webhook, and the inbox of those not processed yet.
+* ``db.forwarded`` (:class:`~agent.act.state.forwarded.ForwardedKeys`): the keys of findings node
+  agents forwarded, each recorded once;
 * ``db.remote_write`` (:class:`~agent.act.state.remote_write.RemoteWriteBatches`): samples waiting
   for a remote-write endpoint to acknowledge them.
 
@@ -35,6 +37,7 @@ import structlog
 
 from agent.act.state.alerts import AlertStates, Cooldowns, NotificationLog
 from agent.act.state.connection import Connection
+from agent.act.state.forwarded import ForwardedKeys
 from agent.act.state.history import Incidents, Silences
 from agent.act.state.intake import Intake
 from agent.act.state.outbox import DELIVERED_KEEP_MS, Outbox
@@ -76,6 +79,7 @@ class StateDB:
         self.silences = Silences(self._conn)
         self.incidents = Incidents(self._conn)
         self.intake = Intake(self._conn)
+        self.forwarded = ForwardedKeys(self._conn)
         self.remote_write = RemoteWriteBatches(self._conn)
 
     def close(self) -> None:
@@ -98,13 +102,15 @@ class StateDB:
 
     def prune(self, *, now_ms: int, keep_ms: int) -> int:
         """Drop resolved incidents, failed items, expired silences and resolved intake alerts older than
-        ``keep_ms``, and delivered keys older than ``max(keep_ms, DELIVERED_KEEP_MS)``, in one transaction.
+        ``keep_ms``, and delivered and forwarded keys older than ``max(keep_ms, DELIVERED_KEEP_MS)``, in
+        one transaction.
         Returns the rows dropped."""
         with self.transaction():
             n = self.incidents.prune(now_ms=now_ms, keep_ms=keep_ms)
             n += self.outbox.prune(now_ms=now_ms, keep_ms=keep_ms)
             n += self.silences.prune(now_ms=now_ms, keep_ms=keep_ms)
             n += self.intake.prune(now_ms=now_ms, keep_ms=keep_ms)
+            n += self.forwarded.prune(now_ms=now_ms, keep_ms=max(keep_ms, DELIVERED_KEEP_MS))
         if n:
             log.info("state pruned", rows=n, keep_ms=keep_ms)
         return n

@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS intake_alerts (fingerprint TEXT PRIMARY KEY, status T
   starts_ms INTEGER NOT NULL, alert TEXT NOT NULL, received_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS intake_inbox (id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT NOT NULL,
   was TEXT NOT NULL, alert TEXT NOT NULL, received_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS forwarded_findings (key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL,
+  received_ms INTEGER NOT NULL);
 """
 
 
