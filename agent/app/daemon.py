@@ -119,9 +119,15 @@ class Agent:
         nvml_module: types.ModuleType | None = None,
         hostname: str | None = None,
         notify_stream: TextIO | None = None,
+        time_scale: float = 1.0,
     ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
         self.config = config
         self._clock = clock
+        # the demo runs model time faster than the wall: ``clock`` then reads model time, and every
+        # job runs each ``interval / time_scale`` wall seconds so intervals stay true in model time
+        self._wall = 1.0 / time_scale
         groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
         groups = parametrize(groups, selector=rule_selector(config.rules.selector), by=config.rules.by)
         self.store = Store(int(config.store.retention * 1000), keep_list(config, groups),
@@ -413,22 +419,22 @@ class Agent:
         if cfg.scrape.shards is not None:
             log.info("scraping one shard of the targets (Prometheus hashmod of __address__)",
                      shard=cfg.scrape.shards.index, shards=cfg.scrape.shards.total)
-        sched = AsyncIOScheduler()
+        sched, w = AsyncIOScheduler(), self._wall
         first = datetime.now(UTC)  # run immediately, then every interval
-        sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval, id="scrape",
+        sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval * w, id="scrape",
                       max_instances=1, coalesce=True, next_run_time=first)
         if self.nvml is not None:
-            sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
+            sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval * w, id="nvml",
                           max_instances=1, coalesce=True, next_run_time=first)
-        first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
+        first_eval = first + timedelta(seconds=cfg.scrape.interval * w)  # once the first scrapes have landed
         for i, group in enumerate(self.rules.groups):
-            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
+            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s * w, id=f"rules-{i}",
                           max_instances=1, coalesce=True, next_run_time=first_eval)
-        sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
+        sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S * w, id="retention", coalesce=True)
         await self.act.start()
         if self.remote_write is not None:
             self.remote_write.start()
-        sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
+        sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval * w, id="dispatch",
                       max_instances=1, coalesce=True, next_run_time=first)
         diag = cfg.diagnostics
         if diag.oom.enabled and diag.oom.log_files:
