@@ -235,7 +235,7 @@ async def run_demo(
     *,
     listen: str,
     interval: str = "15s",
-    time_scale: float = 5.0,
+    time_scale: float = 6.0,
     duration: float = 0.0,
     out: TextIO = sys.stdout,
     receivers: DemoReceivers | None = None,

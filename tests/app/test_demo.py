@@ -47,7 +47,7 @@ async def test_the_story_is_told_from_surge_to_oom_in_model_time() -> None:
     `for: 5m` of the scale-out rule is five minutes of model time between pending and firing, the
     scale-out reaches the simulator once (3 -> 5), the queue stays in the hundreds, and the OOM
     diagnosis names the setting and its runbook. Eight times faster than the wall here (the README's
-    default is 5x); the deadline is generous because a loaded machine only slows the wall."""
+    default is 6x); the deadline is generous because a loaded machine only slows the wall."""
     out = io.StringIO()
     cfg = FleetConfig(replicas=3, lmdeploy_replicas=1, base_port=0, control_port=0, scenario="story",
                       balance="least_request")

@@ -159,8 +159,8 @@ def test_clients_give_up_behind_preempted_requests() -> None:
 
 
 def test_a_pinned_tenant_adds_its_own_requests() -> None:
-    """``extra`` arrivals come with their own shape: a long-context tenant fills the KV cache that
-    the short-request stream alone leaves half empty."""
+    """``extra`` arrivals come with their own shape: the story's pinned tenant fills the KV cache
+    that the replica's share of the balanced stream alone leaves half empty."""
     sc = get_scenario("story")
     assert sc.tenant is not None
     params = ReplicaParams()
