@@ -125,9 +125,15 @@ class Agent:
         nvml_module: types.ModuleType | None = None,
         hostname: str | None = None,
         notify_stream: TextIO | None = None,
+        time_scale: float = 1.0,
     ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
         self.config = config
         self._clock = clock
+        # the demo runs model time faster than the wall: ``clock`` then reads model time, and every
+        # job runs each ``interval / time_scale`` wall seconds so intervals stay true in model time
+        self._wall = 1.0 / time_scale
         groups = load_rule_files(expand_globs(config.rules.files))  # RuleError stops start-up
         groups = parametrize(groups, selector=rule_selector(config.rules.selector), by=config.rules.by)
         self.store = Store(int(config.store.retention * 1000), keep_list(config, groups),
@@ -453,32 +459,34 @@ class Agent:
         if cfg.scrape.shards is not None:
             log.info("scraping one shard of the targets (Prometheus hashmod of __address__)",
                      shard=cfg.scrape.shards.index, shards=cfg.scrape.shards.total)
-        sched = AsyncIOScheduler()
+        sched, w = AsyncIOScheduler(), self._wall
         first = datetime.now(UTC)  # run immediately, then every interval
-        sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval, id="scrape",
+        sched.add_job(self._scrape_job, "interval", seconds=cfg.scrape.interval * w, id="scrape",
                       max_instances=1, coalesce=True, next_run_time=first)
         if self.nvml is not None:
-            sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval, id="nvml",
+            sched.add_job(self.poll_nvml, "interval", seconds=cfg.nvml.interval * w, id="nvml",
                           max_instances=1, coalesce=True, next_run_time=first)
-        first_eval = first + timedelta(seconds=cfg.scrape.interval)  # once the first scrapes have landed
+        first_eval = first + timedelta(seconds=cfg.scrape.interval * w)  # once the first scrapes have landed
+        first_model_ms = int((self._clock() + cfg.scrape.interval) * 1000)  # the same moment on the clock
         for i, group in enumerate(self.rules.groups):
             # On the group's grid (agent.rules.timing): an HA pair evaluates at the same instants. The
             # grid's first point can be up to an interval away: evaluate once right away too, at the
             # last grid point in Prometheus mode (the server has the data), at now in embedded mode.
-            first_ms = int(first_eval.timestamp() * 1000)
-            at_ms = next_eval_ms(first_ms, int(group.interval_s * 1000), _offset_ms(group))
-            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s, id=f"rules-{i}",
-                          max_instances=1, coalesce=True, next_run_time=datetime.fromtimestamp(at_ms / 1000, UTC))
-            if at_ms > first_ms:
+            # The grid is in the clock's time (model time in the demo); the scheduler runs on the wall.
+            at_ms = next_eval_ms(first_model_ms, int(group.interval_s * 1000), _offset_ms(group))
+            run_at = first_eval + timedelta(seconds=(at_ms - first_model_ms) / 1000 * w)
+            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s * w, id=f"rules-{i}",
+                          max_instances=1, coalesce=True, next_run_time=run_at)
+            if at_ms > first_model_ms:
                 sched.add_job(self._evaluate_job, "date", args=[group, self.source is not None], id=f"rules-{i}-first",
                               run_date=first_eval)
-        sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S, id="retention", coalesce=True)
+        sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S * w, id="retention", coalesce=True)
         await self.act.start()
         if self.leadership is not None:
             self._elector = start_elector(cfg, self.leadership)
         if self.remote_write is not None:
             self.remote_write.start()
-        sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval, id="dispatch",
+        sched.add_job(self._dispatch_job, "interval", seconds=cfg.notify.dispatch_interval * w, id="dispatch",
                       max_instances=1, coalesce=True, next_run_time=first)
         diag = cfg.diagnostics
         if diag.oom.enabled and diag.oom.log_files:

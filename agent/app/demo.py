@@ -16,19 +16,24 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+import structlog
+
 from agent.app.daemon import Agent
+from agent.app.story import Story
 from agent.collect.discovery import instance_of
 from agent.config import Config, bundled_rules_dir
 from agent.promql import Sample
 from agent.series import labels_get
 from agent.simulate.server import Fleet, FleetConfig
 
-__all__ = ["FleetRow", "fleet_rows", "render_view", "run_demo"]
+__all__ = ["DemoReceivers", "FleetRow", "ModelClock", "demo_config", "fleet_rows", "render_view", "run_demo"]
+
+log = structlog.get_logger(__name__)
 
 #: The view's columns as PromQL, one query per column over every instance (``{p}`` is
 #: ``vllm:`` or ``lmdeploy:``); the agent's own engine answers them from its store.
@@ -63,19 +68,26 @@ def _by_instance(agent: Agent, query: str, now_ms: int) -> dict[str, float]:
     return {labels_get(s.labels, "instance"): s.value for s in result if isinstance(s, Sample)}
 
 
-def fleet_rows(agent: Agent) -> list[FleetRow]:
-    now_ms = int(time.time() * 1000)
+def fleet_rows(agent: Agent, now_ms: int | None = None) -> list[FleetRow]:
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     columns = {
         (prefix, name): _by_instance(agent, query.format(p=prefix), now_ms)
         for prefix in ("vllm:", "lmdeploy:") for name, query in _COLUMNS.items()
     }
     rows = []
     for t in agent.scraper.targets.values():
+        if t.spec.job not in ("vllm", "lmdeploy"):
+            continue  # the GPU exporter: its numbers are not a replica's
         prefix = "lmdeploy:" if t.spec.job == "lmdeploy" else "vllm:"
         values = {name: columns[(prefix, name)].get(t.spec.instance) for name in _COLUMNS}
         rows.append(FleetRow(job=t.spec.job, instance=t.spec.instance, health=t.health, error=t.last_error,
                              **values))
     return sorted(rows, key=lambda r: (r.job, r.instance))
+
+
+def _clock_text(seconds: float) -> str:
+    s = max(int(seconds), 0)
+    return f"{s // 60}:{s % 60:02d}"
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -94,13 +106,16 @@ class _NotificationFeed(io.StringIO):
         return len(text)
 
 
-def render_view(agent: Agent, scenario: str, started: float, clear: bool,
-                notifications: Iterable[str] = ()) -> str:
-    rows = fleet_rows(agent)
+def render_view(agent: Agent, scenario: str, clock: ModelClock, clear: bool, *,
+                notifications: Iterable[str] = (), story: Sequence[str] = (), summary: Sequence[str] = ()) -> str:
+    rows = fleet_rows(agent, int(clock() * 1000))
     nv = agent.nvml
     gpu = "GPU: " + ("disabled" if nv is None else ("NVML ok" if nv.available else f"unavailable ({nv.reason})"))
-    head = (f"sre-agent demo | scenario {scenario} | {time.time() - started:5.0f}s | "
-            f"{sum(r.health == 'up' for r in rows)}/{len(rows)} targets up | {gpu}")
+    wall, model = clock.elapsed()
+    targets = list(agent.scraper.targets.values())
+    up = sum(t.health == "up" for t in targets)
+    head = (f"sre-agent demo | scenario {scenario} | model time {_clock_text(model)} = wall {_clock_text(wall)} "
+            f"x{clock.scale:g} | {up}/{len(targets)} targets up | {gpu}")
     lines = [head, "",
              f"{'job':9} {'instance':22} {'health':6} {'running':>8} {'waiting':>8} {'KV %':>6} "
              f"{'gen tok/s':>10} {'TTFT p99':>9} {'preempt/s':>9}"]
@@ -111,6 +126,9 @@ def render_view(agent: Agent, scenario: str, started: float, clear: bool,
                 f"{_fmt(r.ttft_p99_s, '8.2f')}{'s' if r.ttft_p99_s is not None else ' '} "
                 f"{_fmt(r.preemptions_per_s, '9.2f')}")
         lines.append(line + (f"  {r.error}" if r.error else ""))
+    lines += ["", "the story so far (model time is what the rules' `for` counts):"]
+    lines += [f"  {s}" for s in story] or ["  (waiting for the surge)"]
+    lines += [f"  {s}" for s in summary]
     alerts = sorted(agent.rules.alerts(), key=lambda a: (a.state.value != "firing", dict(a.labels)["alertname"]))
     lines += ["", f"alerts ({sum(a.state.value == 'firing' for a in alerts)} firing, "
                   f"{sum(a.state.value == 'pending' for a in alerts)} pending):"]
@@ -132,10 +150,13 @@ def render_view(agent: Agent, scenario: str, started: float, clear: bool,
 
 
 def _file_sd_groups(fleet: Fleet) -> list[dict[str, Any]]:
-    """The fleet's targets as file_sd groups, one per job (vLLM first, then LMDeploy)."""
-    groups: dict[str, list[str]] = {"vllm": [], "lmdeploy": []}
+    """The fleet's targets as file_sd groups, one per job (vLLM first, then LMDeploy, then the
+    simulated host's dcgm-exporter, which stands in for NVML on a machine without GPUs)."""
+    groups: dict[str, list[str]] = {"vllm": [], "lmdeploy": [], "dcgm": []}
     for info in fleet.state():
         groups["lmdeploy" if info["kind"] == "lmdeploy" else "vllm"].append(instance_of(str(info["url"])))
+    if fleet.dcgm_url is not None:
+        groups["dcgm"].append(instance_of(fleet.dcgm_url))
     return [{"targets": addrs, "labels": {"job": job}} for job, addrs in groups.items() if addrs]
 
 
@@ -145,54 +166,151 @@ def _publish(path: Path, groups: list[dict[str, Any]]) -> None:
     tmp.replace(path)  # atomic: the agent never reads a half-written file
 
 
+@dataclass(frozen=True, slots=True)
+class DemoReceivers:
+    """Real receivers the demo also sends to, beside its console: a Slack bot token read from a
+    file (and the channel), and Alertmanager base URLs."""
+
+    slack_token_file: Path | None = None
+    slack_channel: str = ""
+    slack_api_url: str = "https://slack.com/api/"
+    alertmanager: tuple[str, ...] = ()
+
+
+class ModelClock:
+    """Model time for the agent: starts at the wall time it was made, then runs ``scale`` times
+    faster. Durations in the agent (``for``, ``group_wait``, cooldowns, rate windows) are true in
+    model time; only the wall is compressed."""
+
+    def __init__(self, scale: float, wall: Callable[[], float] = time.time) -> None:
+        self.scale, self._wall = scale, wall
+        self.start = wall()
+
+    def __call__(self) -> float:
+        return self.start + (self._wall() - self.start) * self.scale
+
+    def elapsed(self) -> tuple[float, float]:
+        """(wall, model) seconds since the start."""
+        wall = self._wall() - self.start
+        return wall, wall * self.scale
+
+
+def demo_config(fleet: Fleet, *, tmp: Path, sd: Path, listen: str, interval: str,
+                receivers: DemoReceivers | None = None) -> Config:
+    """The agent's configuration for the demo: the bundled rules over the fleet's file_sd, the
+    simulator's logs tailed for OOM evidence, scale-out through the simulator's ``POST /scale``,
+    the console receiver (and whatever real receivers were given)."""
+    rc = receivers or DemoReceivers()
+    extra: list[dict[str, Any]] = []
+    if rc.slack_token_file is not None:
+        extra.append({"name": "slack", "slack": {"token_file": str(rc.slack_token_file), "channel": rc.slack_channel,
+                                                 "api_url": rc.slack_api_url}})
+    if rc.alertmanager:
+        extra.append({"name": "alertmanager", "alertmanager": {"urls": list(rc.alertmanager)}})
+    cfg = fleet.config
+    return Config.model_validate({
+        "targets": [],
+        "file_sd": [{"files": [str(sd)], "refresh_interval": "30s"}],
+        "scrape": {"interval": interval, "timeout": "2s"},
+        "server": {"listen": listen},
+        "rules": {"files": [str(bundled_rules_dir() / "*.rules.yaml")], "evaluation_interval": interval},
+        "state": {"path": str(tmp / "state.db")},
+        "nvml": {"enabled": False},  # the simulated GPUs come from the fleet's dcgm-exporter target
+        "notify": {"dispatch_interval": "5s"},
+        "diagnostics": {"oom": {"log_files": [str(tmp / "logs" / "vllm-*.log")]}},
+        "receivers": [{"name": "console", "console": {}}, *extra],
+        "route": {"receiver": "console", "group_by": ["alertname"], "group_wait": "5s",
+                  "group_interval": "30s", "repeat_interval": "1h",
+                  "routes": [{"receiver": r["name"], "continue": True} for r in extra]},
+        # the bundled scale-out rules carry action=scale_out; the simulator's control port takes it
+        "scaling": {"services": [{
+            "name": "vllm", "matchers": ['job="vllm"'], "webhook": {"url": f"{fleet.control_url}/scale"},
+            "min_replicas": cfg.replicas, "max_replicas": cfg.replicas + 4, "step": 2,
+            "initial_replicas": cfg.replicas, "scale_out_cooldown": "2m"}]},
+    })
+
+
 async def run_demo(
     fleet_cfg: FleetConfig,
     *,
     listen: str,
-    interval: str,
+    interval: str = "15s",
+    time_scale: float = 6.0,
     duration: float = 0.0,
     out: TextIO = sys.stdout,
+    receivers: DemoReceivers | None = None,
+    exit_after_story: bool = False,
 ) -> int:
-    """Run until Ctrl-C (or ``duration`` seconds), redrawing the view every ~2 s."""
-    fleet = Fleet(fleet_cfg)
-    await fleet.start()
+    """Run until Ctrl-C (or ``duration`` wall seconds, or once the story is told with
+    ``exit_after_story``), redrawing the view about every second. ``interval`` is the scrape and
+    evaluation interval in model time; ``time_scale`` model seconds pass per wall second, in the
+    simulator and in the agent alike."""
+    with tempfile.TemporaryDirectory(prefix="sre-agent-demo-") as tmp_name:
+        tmp = Path(tmp_name)
+        fleet = Fleet(replace(fleet_cfg, speed=time_scale, step_s=min(fleet_cfg.step_s, 0.5),
+                              log_dir=fleet_cfg.log_dir or tmp / "logs"))
+        await fleet.start()
+        try:
+            return await _run(fleet, tmp, listen=listen, interval=interval, time_scale=time_scale,
+                              duration=duration, out=out, receivers=receivers, exit_after_story=exit_after_story)
+        finally:
+            await fleet.stop()
+
+
+async def _run(fleet: Fleet, tmp: Path, *, listen: str, interval: str, time_scale: float, duration: float,
+               out: TextIO, receivers: DemoReceivers | None, exit_after_story: bool) -> int:
+    sd = tmp / "fleet.json"
+    published = _file_sd_groups(fleet)
+    _publish(sd, published)
+    config = demo_config(fleet, tmp=tmp, sd=sd, listen=listen, interval=interval, receivers=receivers)
+    feed = _NotificationFeed()
+    clock = ModelClock(time_scale)
+    agent = Agent(config, notify_stream=feed, clock=clock, time_scale=time_scale)
+    await agent.start()
+    sc = fleet.scenario
+    story = Story(surge_at_s=sc.onset_s if sc.surge != 1.0 else None, surge=sc.surge,
+                  initial_replicas=fleet.config.replicas)
+    clear, summarised, summary = out.isatty(), False, []
+    print(f"simulator control: {fleet.control_url} (POST /scale {{\"replicas\": N}}); "
+          f"agent: http://{listen}/; time scale x{time_scale:g} (model time runs {time_scale:g}x the wall)",
+          file=out, flush=True)
+    start_ms = int(clock.start * 1000)
     try:
-        with tempfile.TemporaryDirectory(prefix="sre-agent-demo-") as tmp:
-            sd = Path(tmp) / "fleet.json"
-            published = _file_sd_groups(fleet)
-            _publish(sd, published)
-            config = Config.model_validate({
-                "targets": [],
-                "file_sd": [{"files": [str(sd)], "refresh_interval": "30s"}],
-                "scrape": {"interval": interval, "timeout": interval},
-                "server": {"listen": listen},
-                "rules": {"files": [str(bundled_rules_dir() / "*.rules.yaml")], "evaluation_interval": interval},
-                "state": {"path": str(Path(tmp) / "state.db")},
-                "route": {"receiver": "console", "group_by": ["alertname"], "group_wait": "5s",
-                          "group_interval": "30s", "repeat_interval": "1h"},
-                # the bundled scale-out rules carry action=scale_out; the simulator's control port takes it
-                "scaling": {"services": [{
-                    "name": "vllm", "matchers": ['job="vllm"'], "webhook": {"url": f"{fleet.control_url}/scale"},
-                    "min_replicas": fleet_cfg.replicas, "max_replicas": fleet_cfg.replicas + 4,
-                    "initial_replicas": fleet_cfg.replicas, "scale_out_cooldown": "1m"}]},
-            })
-            feed = _NotificationFeed()
-            agent = Agent(config, notify_stream=feed)
-            await agent.start()
-            started, clear = time.time(), out.isatty()
-            print(f"simulator control: {fleet.control_url} (POST /scale {{\"replicas\": N}}); "
-                  f"agent: http://{listen}/", file=out, flush=True)
-            try:
-                while not duration or time.time() - started < duration:
-                    await asyncio.sleep(min(2.0, config.scrape.interval))
-                    groups = _file_sd_groups(fleet)
-                    if groups != published:  # the fleet was scaled: tell the agent
-                        _publish(sd, groups)
-                        published = groups
-                    print(render_view(agent, fleet_cfg.scenario, started, clear, feed.lines), file=out, flush=True)
-            finally:
-                with contextlib.suppress(Exception):
-                    await agent.stop()
+        while not duration or clock.elapsed()[0] < duration:
+            await asyncio.sleep(1.0)
+            groups = _file_sd_groups(fleet)
+            if groups != published:  # the fleet was scaled: tell the agent
+                _publish(sd, groups)
+                published = groups
+            wall, model = clock.elapsed()
+            for step in story.update(wall_s=wall, model_s=model, start_model_ms=start_ms, events=list(agent.events),
+                                     replicas=fleet.state(), incidents=await agent.incidents_json(200)):
+                log.info("demo step", step=step.key, wall_s=round(step.wall_s, 1), model_s=round(step.model_s, 1))
+            lines = [s.line() for s in story.reached.values()]
+            if story.done and not summarised:
+                summarised = True
+                summary = await incident_summary(agent, listen, start_ms)
+                print("\n".join(["", "story complete:", *lines, *summary, ""]), file=out, flush=True)
+            print(render_view(agent, sc.name, clock, clear, notifications=feed.lines, story=lines,
+                              summary=summary), file=out, flush=True)
+            if summarised and exit_after_story:
+                break
     finally:
-        await fleet.stop()
+        with contextlib.suppress(Exception):
+            await agent.stop()
     return 0
+
+
+async def incident_summary(agent: Agent, listen: str, start_ms: int) -> list[str]:
+    """Step 8: one line per incident of the run, with its report's URL."""
+    host = listen.rsplit(":", 1)[0] or "127.0.0.1"
+    base = f"http://{host}:{agent.port}"
+    lines = ["incidents (each links its triage report):"]
+    for inc in reversed(await agent.incidents_json(200)):
+        start = (int(inc["started_ms"]) - start_ms) / 1000
+        lasted = (int(inc["resolved_ms"]) - int(inc["started_ms"])) / 1000
+        state = "open" if inc["status"] == "open" else f"resolved after {lasted:.0f}s"
+        kinds = sorted({str(e["kind"]) for e in inc.get("events", [])})
+        lines.append(f"  model +{start:5.0f}s  {inc['alertname']:30} {state:22} {', '.join(kinds):32} "
+                     f"{base}/incidents/{inc['id']}")
+    return lines

@@ -24,7 +24,7 @@ import yaml
 from agent import __version__
 from agent.act.routing import Router
 from agent.app.daemon import Agent
-from agent.app.demo import run_demo
+from agent.app.demo import DemoReceivers, run_demo
 from agent.app.logs import configure_logging
 from agent.cli import nccl as nccl_cmd
 from agent.cli import oom as oom_cmd
@@ -39,6 +39,7 @@ from agent.gocompat import yamlv3
 from agent.promql.rewrite import Matcher, parse_selector, rewrite
 from agent.rules.files import load_rule_files, parametrize, parse_rule_file
 from agent.rules.promtool_test import run_test_file
+from agent.simulate.balance import BALANCERS
 from agent.simulate.scenarios import SCENARIOS
 from agent.simulate.server import Fleet, FleetConfig
 
@@ -120,11 +121,24 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a simulated fleet and the agent together, with a live view",
                           description="Start the simulator and the agent, and show the fleet's live state "
                                       "as the agent sees it. Ctrl-C to stop.")
-    _fleet_flags(demo, default_port=18000, default_scenario="surge")
+    _fleet_flags(demo, default_port=18000, default_scenario="story", default_balance="least_request")
     demo.add_argument("--listen", default="127.0.0.1:9400", help="agent HTTP address (default %(default)s)")
-    demo.add_argument("--interval", default="2s", help="scrape interval (default %(default)s)")
+    demo.add_argument("--interval", default="15s",
+                      help="scrape and evaluation interval, in model time (default %(default)s)")
+    demo.add_argument("--time-scale", type=float, default=6.0, metavar="X",
+                      help="model seconds per wall second, for the simulator and the agent alike: the rules' "
+                           "`for` durations are kept in model time, so the story scenario (about 14.5 model "
+                           "minutes) takes about 2.5 wall minutes at the default %(default)s (replaces --speed)")
     demo.add_argument("--duration", type=float, default=0.0,
-                      help="stop after this many seconds (default: run until Ctrl-C)")
+                      help="stop after this many wall seconds (default: run until Ctrl-C)")
+    demo.add_argument("--exit-after-story", action="store_true",
+                      help="stop once every step of the story has happened and the summary is printed")
+    demo.add_argument("--slack-token-file", type=Path,
+                      help="also notify a real Slack workspace: a file holding a bot token (xoxb-...)")
+    demo.add_argument("--slack-channel", default="", help="the Slack channel, with --slack-token-file")
+    demo.add_argument("--slack-api-url", default="https://slack.com/api/", help=argparse.SUPPRESS)
+    demo.add_argument("--alertmanager", action="append", default=[], metavar="URL",
+                      help="also send every alert to this Alertmanager (base URL; repeatable)")
     demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
     plan_cmd.add_parser(sub)
@@ -140,7 +154,8 @@ def _log_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
 
 
-def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scenario: str) -> None:
+def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scenario: str,
+                 default_balance: str = "even") -> None:
     p.add_argument("--replicas", type=int, default=3, help="vLLM replicas (default %(default)s)")
     p.add_argument("--lmdeploy", type=int, default=1, help="LMDeploy replicas (default %(default)s)")
     p.add_argument("--port", type=int, default=default_port, help="first replica port (default %(default)s)")
@@ -155,6 +170,10 @@ def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scena
                         "(default: --port minus 2, a free port with --port 0; -1 turns it off)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="GPUs per vLLM/LMDeploy replica on the simulated host (default %(default)s)")
+    p.add_argument("--balance", default=default_balance, choices=list(BALANCERS),
+                   help="how the simulated load balancer shares demand among vLLM replicas: even, or "
+                        "least_request (Envoy's power-of-two-choices, so new replicas take the queue's "
+                        "new arrivals) (default %(default)s)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,8 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rules(args)
         if args.command == "demo":
             configure_logging("console", args.log_level)
+            if args.slack_token_file is not None and not args.slack_channel:
+                print("--slack-channel is required with --slack-token-file", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            receivers = DemoReceivers(slack_token_file=args.slack_token_file, slack_channel=args.slack_channel,
+                                      slack_api_url=args.slack_api_url, alertmanager=tuple(args.alertmanager))
             return asyncio.run(run_demo(fleet_config(args), listen=args.listen, interval=args.interval,
-                                        duration=args.duration))
+                                        time_scale=args.time_scale, duration=args.duration, receivers=receivers,
+                                        exit_after_story=args.exit_after_story))
     except ConfigError as exc:
         for line in exc.errors:
             print(f"config error: {line}", file=sys.stderr)
@@ -269,7 +294,7 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
     return FleetConfig(
         replicas=args.replicas, base_port=args.port, scenario=args.scenario, generation=args.generation,
         lmdeploy_replicas=args.lmdeploy, seed=args.seed, speed=args.speed, log_dir=args.log_dir,
-        dcgm_port=None if dcgm < 0 else dcgm, tensor_parallel=args.tensor_parallel,
+        dcgm_port=None if dcgm < 0 else dcgm, tensor_parallel=args.tensor_parallel, balance=args.balance,
     )
 
 

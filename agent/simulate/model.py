@@ -174,14 +174,19 @@ class ReplicaModel:
         return min(1.0, self.blocks_used() / self.params.num_gpu_blocks)
 
     # -- the step -----------------------------------------------------------------------------
-    def step(self, now: float, dt: float, load: Load) -> None:
+    def step(self, now: float, dt: float, load: Load, extra: Load | None = None) -> None:
         """Advance from model time ``now`` by ``dt`` seconds under ``load``: decode what runs
-        (finishing and preempting), then admit from the queue into the blocks that freed."""
+        (finishing and preempting), then admit from the queue into the blocks that freed.
+        ``extra`` is a second arrival stream with its own request shape (a tenant pinned to this
+        replica); the engine's behaviour (prefix hits, interconnect) follows ``load``."""
         self.steps += 1
         self.now = now + dt
         if not self.alive or dt <= 0:
             return
-        self._arrive(now, dt, load)
+        arrivals = self._arrivals(now, dt, load)
+        if extra is not None:
+            arrivals = sorted((*arrivals, *self._arrivals(now, dt, extra)), key=lambda r: r.arrival)
+        self.waiting.extend(arrivals)
         self._expire(now)
         p, clock0, n = self.params, self._clock, len(self.running)
         k = t_iter = progress = 0.0
@@ -205,11 +210,12 @@ class ReplicaModel:
         if k:
             self.hists["iteration_tokens"].observe(n + prefill_tokens / max(k, 1.0), round(k))
 
-    def _arrive(self, now: float, dt: float, load: Load) -> None:
+    def _arrivals(self, now: float, dt: float, load: Load) -> list[_Request]:
+        """The requests that arrive within ``[now, now + dt)``, in arrival order."""
         rng, p = self._rng, self.params
         mean = load.arrival_rate * dt
         if mean <= 0:
-            return
+            return []
         if mean < 30:  # Knuth's method; a normal approximation above
             count, limit, prod = 0, math.exp(-mean), rng.random()
             while prod > limit:
@@ -217,18 +223,27 @@ class ReplicaModel:
                 prod *= rng.random()
         else:
             count = max(0, round(rng.gauss(mean, math.sqrt(mean))))
+        out = []
         for at in sorted(now + rng.random() * dt for _ in range(count)):
             gen = max(1, round(rng.lognormvariate(math.log(load.gen_median), load.gen_sigma)))
             reason = "length" if gen >= load.max_tokens else "stop"
             gen = min(gen, load.max_tokens)
             prompt = round(rng.lognormvariate(math.log(load.prompt_median), load.prompt_sigma))
             prompt = min(max(prompt, 8), p.max_model_len - gen)
-            self.waiting.append(_Request(at, prompt, gen, reason, load.max_tokens))
+            out.append(_Request(at, prompt, gen, reason, load.max_tokens))
+        return out
 
     def _expire(self, now: float) -> None:
-        limit = now - self.params.client_timeout_s
-        while self.waiting and self.waiting[0].admitted < 0 and self.waiting[0].arrival < limit:
-            self.waiting.popleft()
+        """Clients give up on requests that waited ``client_timeout_s`` and never started. Preempted
+        requests go back to the head of the queue (they started, so their clients keep waiting); the
+        ones that never started follow in arrival order, so the oldest of them is the first after
+        that preempted prefix."""
+        limit, waiting = now - self.params.client_timeout_s, self.waiting
+        head = 0
+        while head < len(waiting) and waiting[head].admitted >= 0:
+            head += 1
+        while head < len(waiting) and waiting[head].arrival < limit:
+            del waiting[head]
             self.success["abort"] += 1
 
     def _admit(self, now: float, dt: float, load: Load) -> tuple[float, list[tuple[_Request, float]], float]:

@@ -44,6 +44,10 @@ class Scenario:
     ramp_s: float = 30.0
     kill_replica: int | None = None
     kill_at_s: float = 90.0
+    patience_s: float | None = None  # clients abandon a request that waited this long (None: the replica's own)
+    tenant: Load | None = None  # an extra stream pinned to one replica (session affinity), from tenant_from_s
+    tenant_replica: int = 1
+    tenant_from_s: float = 0.0
 
     def demand(self, t: float) -> float:
         """The demand multiplier at model time ``t`` (1 before the onset)."""
@@ -56,6 +60,12 @@ class Scenario:
         """The per-replica load at ``t`` for a replica whose share of demand is ``arrival_rate``."""
         shape = self.incident if self.incident is not None and t >= self.onset_s else self.healthy
         return replace(shape, arrival_rate=arrival_rate)
+
+    def tenant_load(self, t: float, replica: int) -> Load | None:
+        """The pinned tenant's stream on vLLM replica number ``replica`` at ``t``, if it has one."""
+        if self.tenant is None or replica != self.tenant_replica or t < self.tenant_from_s:
+            return None
+        return self.tenant
 
     def dies(self, t: float, replica: int) -> bool:
         """Whether replica number ``replica`` (vLLM replicas count from 0) is dead at ``t``."""
@@ -91,6 +101,16 @@ SCENARIOS: dict[str, Scenario] = {
         "tensor-parallel all-reduce falls back to a link with 1/10 of NVLink's bandwidth: generation "
         "throughput collapses to about a tenth while load stays",
         incident=Load(0.0, tp_efficiency=0.1),
+    ),
+    "story": Scenario(
+        "story",
+        "the demo's incident from start to end: demand rises 60 % after a minute and the queue outgrows twice "
+        "the running requests until a scale-out adds replicas (clients give up after 30 s in the queue); from "
+        "2 minutes a busy tenant pinned to replica 1 by session affinity keeps its KV cache above 95 %; at 14 "
+        "minutes replica 0 dies of a CUDA OOM",
+        surge=1.6, onset_s=60.0, ramp_s=30.0, patience_s=30.0,
+        tenant=Load(12.0, prompt_median=600, gen_median=250), tenant_replica=1, tenant_from_s=120.0,
+        kill_replica=0, kill_at_s=840.0,
     ),
 }  # fmt: skip
 

@@ -38,6 +38,7 @@ import structlog
 from aiohttp import web
 
 from agent.errors import SimulatorError
+from agent.simulate.balance import BALANCERS, shares
 from agent.simulate.gpu import GpuBank, GpuParams, SimGpu
 from agent.simulate.model import Load, ReplicaModel, ReplicaParams
 from agent.simulate.render import VERSIONS, Renderer, bounds_for
@@ -80,6 +81,7 @@ class FleetConfig:
     dcgm_port: int | None = 0
     tensor_parallel: int = 1
     gpu: GpuParams = field(default_factory=GpuParams)
+    balance: str = "even"  # how the load balancer shares demand: agent.simulate.balance.BALANCERS
 
     def __post_init__(self) -> None:
         get_scenario(self.scenario)
@@ -89,6 +91,8 @@ class FleetConfig:
             raise SimulatorError(f"replicas must be within 0..{self.max_replicas}")
         if self.speed <= 0 or self.step_s <= 0:
             raise SimulatorError("speed and step_s must be positive")
+        if self.balance not in BALANCERS:
+            raise SimulatorError(f"balance must be one of {', '.join(BALANCERS)}, not {self.balance!r}")
         if not 1 <= self.tensor_parallel <= 64:
             raise SimulatorError(f"tensor_parallel must be within 1..64, not {self.tensor_parallel}")
 
@@ -278,7 +282,9 @@ class Fleet:
         kind = "lmdeploy" if flavor == "lmdeploy" else "vllm"
         seed = cfg.seed * 1_000_003 + self._created * 7919 + (1 if kind == "lmdeploy" else 0)
         self._created += 1
-        model = ReplicaModel(cfg.params, bounds_for(flavor, cfg.params.max_model_len), seed, now=self._time)
+        patience = self.scenario.patience_s
+        params = cfg.params if patience is None else replace(cfg.params, client_timeout_s=patience)
+        model = ReplicaModel(params, bounds_for(flavor, cfg.params.max_model_len), seed, now=self._time)
         renderer = Renderer(model, flavor, cfg.model, created=self._wallclock())
         log_path = cfg.log_dir / f"{kind}-{index}.log" if cfg.log_dir is not None else None
         replica = _Replica(f"{kind}-{index}", index, flavor, model, renderer, log_path, cfg.host,
@@ -316,10 +322,11 @@ class Fleet:
     def _rebalance(self) -> None:
         """Share the scenario's demand at the current model time among live replicas."""
         sc, cfg = self.scenario, self.config
-        demand = sc.rate_per_replica * sc.demand(self._time)
+        demand = sc.rate_per_replica * sc.demand(self._time)  # per initial replica
         live = [r for r in self._vllm if r.status == "up"]
-        for r in live:
-            r.rate = demand * max(cfg.replicas, 1) / len(live)
+        outstanding = [r.model.num_running + r.model.num_waiting for r in live]
+        for r, share in zip(live, shares(cfg.balance, outstanding), strict=True):
+            r.rate = demand * max(cfg.replicas, 1) * share
         for r in self._lmdeploy:
             r.rate = demand if r.status == "up" else 0.0
 
@@ -351,7 +358,8 @@ class Fleet:
                 # V0 runs without prefix caching (its default before V1)
                 hits = 0.0 if replica.flavor == "v0" else shape.prefix_hit_ratio
                 load = replace(shape, arrival_rate=replica.rate, prefix_hit_ratio=hits)
-                replica.model.step(self._time, dt, load)
+                tenant = None if replica.flavor == "lmdeploy" else self.scenario.tenant_load(self._time, replica.index)
+                replica.model.step(self._time, dt, load, tenant)
                 if i % 200 == 199:
                     await asyncio.sleep(0)  # let scrapes in between chunks of a large fleet
             self._time += dt

@@ -7,6 +7,7 @@ import io
 import re
 
 import aiohttp
+import pytest
 
 from agent.app.demo import run_demo
 from agent.simulate.server import FleetConfig
@@ -17,7 +18,8 @@ async def test_demo_shows_fleet_and_follows_a_scale_out() -> None:
     replicas added by /scale."""
     out = io.StringIO()
     cfg = FleetConfig(replicas=2, lmdeploy_replicas=1, base_port=0, control_port=0, step_s=0.2, speed=4)
-    task = asyncio.create_task(run_demo(cfg, listen="127.0.0.1:0", interval="1s", duration=7, out=out))
+    task = asyncio.create_task(run_demo(cfg, listen="127.0.0.1:0", interval="4s", time_scale=4, duration=7,
+                                        out=out))
     control = None
     for _ in range(100):
         m = re.search(r"simulator control: (\S+)", out.getvalue())
@@ -31,9 +33,40 @@ async def test_demo_shows_fleet_and_follows_a_scale_out() -> None:
         assert r.status == 200
     assert await task == 0
     last = out.getvalue().rsplit("sre-agent demo |", 1)[1]
-    assert "4/4 targets up" in last, last
+    assert "5/5 targets up" in last, last  # three vLLM, one LMDeploy, the simulated dcgm-exporter
     rows = [line.split() for line in last.splitlines() if line.startswith(("vllm ", "lmdeploy "))]
     assert [r[0] for r in rows].count("vllm") == 3 and [r[0] for r in rows].count("lmdeploy") == 1
     running = [float(r[3]) for r in rows if r[3] != "-"]
     assert len(running) == 4 and sum(running) > 0  # numbers come from the agent's store
     assert re.search(r"FIRING\s+Watchdog", last), last  # the bundled rules are evaluated
+
+
+@pytest.mark.slow
+async def test_the_story_is_told_from_surge_to_oom_in_model_time() -> None:
+    """The default scenario tells the whole story, each step from what the agent recorded: the
+    `for: 5m` of the scale-out rule is five minutes of model time between pending and firing, the
+    scale-out reaches the simulator once (3 -> 5), the queue stays in the hundreds, and the OOM
+    diagnosis names the setting and its runbook. Eight times faster than the wall here (the README's
+    default is 6x); the deadline is generous because a loaded machine only slows the wall."""
+    out = io.StringIO()
+    cfg = FleetConfig(replicas=3, lmdeploy_replicas=1, base_port=0, control_port=0, scenario="story",
+                      balance="least_request")
+    code = await run_demo(cfg, listen="127.0.0.1:0", time_scale=8, duration=600, out=out, exit_after_story=True)
+    assert code == 0
+    text = out.getvalue()
+    assert "story complete:" in text, text[-3000:]
+    told = text.split("story complete:", 1)[1].split("incidents (each links", 1)[0]
+    steps = re.findall(r"\[wall +(\d+):(\d\d) \| model +(\d+):(\d\d)\] ([^:\n]+)", told)
+    titles = [t for *_, t in steps]
+    assert titles == ["traffic surge", "queue alert pending", "queue alert firing", "scale-out webhook",
+                      "new replicas take the load", "queue drained, alert resolved",
+                      "KV-cache pressure, with the planner's advice", "CUDA OOM diagnosed"], told
+    model = {t: int(m) * 60 + int(s) for _, _, m, s, t in steps}
+    assert model["queue alert firing"] - model["queue alert pending"] >= 300  # for: 5m, in model time
+    assert "scale-out webhook: vllm 3 -> 5 replicas" in told
+    oom = next(line for line in told.splitlines() if "CUDA OOM diagnosed" in line)
+    assert "--gpu-memory-utilization" in oom and "runbooks/diagnosis-gpu-oom" in oom, oom
+    assert re.search(r"VLLMScaleOutNeeded .*resolved after .*http://127\.0\.0\.1:\d+/incidents/\d+", text), text
+    waiting = [int(row.split()[4]) for row in text.splitlines()
+               if row.startswith("vllm ") and len(row.split()) > 4 and row.split()[4].isdigit()]
+    assert waiting and max(waiting) < 1000, max(waiting)  # queues in the hundreds, not thousands

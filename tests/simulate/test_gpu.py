@@ -189,7 +189,8 @@ def test_cli_puts_the_exporter_two_ports_below_the_replicas() -> None:
     """`sre-agent simulate --port 8000` serves the GPUs on 7998; --dcgm-port -1 turns them off."""
     def cfg(**over: object) -> FleetConfig:
         base = {"replicas": 1, "lmdeploy": 0, "port": 8000, "scenario": "steady", "generation": "v1", "seed": 0,
-                "speed": 1.0, "log_dir": None, "dcgm_port": None, "tensor_parallel": 1}
+                "speed": 1.0, "log_dir": None, "dcgm_port": None, "tensor_parallel": 1,
+                "balance": "even"}
         return fleet_config(argparse.Namespace(**{**base, **over}))
 
     assert cfg().dcgm_port == 7998

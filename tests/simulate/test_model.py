@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -140,3 +140,39 @@ def test_unknown_scenario_names_the_valid_ones() -> None:
     """Asking for a scenario that does not exist lists the ones that do."""
     with pytest.raises(SimulatorError, match="steady"):
         get_scenario("meltdown")
+
+
+def test_clients_give_up_behind_preempted_requests() -> None:
+    """Requests that never started expire after client_timeout_s even when preempted ones (whose
+    clients keep waiting) sit at the head of the queue."""
+    params = ReplicaParams(client_timeout_s=30.0)
+    model = ReplicaModel(params, bounds_for("v1", params.max_model_len), 3)
+    heavy = get_scenario("kv_pressure").incident
+    assert heavy is not None
+    t = 0.0
+    for _ in range(400):
+        model.step(t, 1.0, replace(heavy, arrival_rate=12.0))
+        t += 1.0
+        never_started = [r.arrival for r in model.waiting if r.admitted < 0]
+        assert not never_started or t - min(never_started) <= 30.0 + 1.0
+    assert model.preemptions > 0 and model.success["abort"] > 0
+
+
+def test_a_pinned_tenant_adds_its_own_requests() -> None:
+    """``extra`` arrivals come with their own shape: the story's pinned tenant fills the KV cache
+    that the replica's share of the balanced stream alone leaves half empty."""
+    sc = get_scenario("story")
+    assert sc.tenant is not None
+    params = ReplicaParams()
+    alone = ReplicaModel(params, bounds_for("v1", params.max_model_len), 5)
+    pinned = ReplicaModel(params, bounds_for("v1", params.max_model_len), 5)
+    kv_alone, kv_pinned = [], []
+    for t in range(300):
+        load = sc.load(float(t), 6.0)
+        alone.step(float(t), 1.0, load)
+        pinned.step(float(t), 1.0, load, sc.tenant)
+        kv_alone.append(alone.kv_usage)
+        kv_pinned.append(pinned.kv_usage)
+    assert max(kv_alone[120:]) < 0.8
+    assert min(kv_pinned[200:]) > 0.9
+    assert pinned.prompt_tokens > 1.5 * alone.prompt_tokens

@@ -7,6 +7,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -241,3 +242,30 @@ async def test_scale_key_from_the_header_is_remembered_for_an_hour() -> None:
             ("scale:vllm:out:2->3:1", 3, True)]
     finally:
         await fleet.stop()
+
+
+async def test_behind_least_request_new_replicas_take_the_queue_s_arrivals(start_fleet: StartFleet) -> None:
+    """Scaled out under a surge, the new replicas get most of the new arrivals while the old ones
+    drain their queues; demand is conserved. Behind the even balancer every replica gets the same."""
+    fleet = await start_fleet(replicas=2, scenario="surge", balance="least_request", lmdeploy_replicas=0,
+                              dcgm_port=None)
+
+    async def state() -> list[dict[str, Any]]:
+        return [r for r in fleet.state() if r["kind"] == "vllm"]
+
+    deadline = asyncio.get_running_loop().time() + 60
+    while min(int(r["waiting"]) for r in await state()) < 100:  # model minutes pass in wall seconds
+        assert asyncio.get_running_loop().time() < deadline, await state()
+        await asyncio.sleep(0.05)
+    await fleet.scale_to(4)
+    after = await state()
+    old, new = after[:2], after[2:]
+    # two fresh replicas of four share ranks 0 and 1: 6/16 of arrivals each, against 3/16 and 1/16
+    assert min(float(r["arrival_rate"]) for r in new) >= 1.9 * max(float(r["arrival_rate"]) for r in old)
+    demand = fleet.scenario.rate_per_replica * 2 * fleet.scenario.demand(float(after[0]["time"]))
+    assert sum(float(r["arrival_rate"]) for r in after) == pytest.approx(demand, rel=0.01)
+
+
+def test_config_rejects_an_unknown_balancer() -> None:
+    with pytest.raises(SimulatorError, match="least_request"):
+        FleetConfig(balance="random")
