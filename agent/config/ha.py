@@ -123,6 +123,8 @@ class HaConfig(ConfigModel):
     @field_validator("replica_label")
     @classmethod
     def _label(cls, v: str) -> str:
+        if v == "":  # no replica label: both replicas write identical series (see replica_labels)
+            return v
         if not _LABEL_NAME_RE.match(v) or v.startswith("__"):
             raise ValueError(f"invalid label name {v!r}")
         return v
@@ -142,8 +144,12 @@ class HaConfig(ConfigModel):
         return self.mode != "none"
 
     def replica_labels(self) -> dict[str, str]:
-        """The label remote-written series carry in HA (nothing without HA)."""
-        return {self.replica_label: str(self.replica)} if self.enabled else {}
+        """The label remote-written series carry in HA (nothing without HA, or with ``replica_label: ""``).
+        Without one, the two replicas write identical series: evaluated on the same grid
+        (agent.rules.timing), so with the same timestamps and values, which a TSDB stores once. That
+        is what a pair writing its recording rules back needs: with a replica label every recorded
+        series would exist twice, and rules that read them would sum both or fail to match."""
+        return {self.replica_label: str(self.replica)} if self.enabled and self.replica_label else {}
 
     def margin_s(self, longest_interval_s: float, dispatch_interval_s: float) -> float:
         if self.watermark_margin is not None:

@@ -43,6 +43,14 @@ def test_identity_replica_and_namespace_from_the_environment(tmp_path: Any) -> N
     assert ha.replica_labels() == {"ha_replica": "sre-agent-1"}
 
 
+def test_an_empty_replica_label_writes_identical_series(tmp_path: Any) -> None:
+    """``replica_label: ""`` (a pair writing its recording rules back): no label tells the replicas apart,
+    so both write the same series; a bad label name is still refused."""
+    ha = _load(tmp_path, {"ha": {"mode": "kubernetes", "replica_label": "", "replica": "a"}}).ha
+    assert ha.replica_labels() == {}
+    assert "invalid label name" in _errors(tmp_path, {"ha": {"mode": "kubernetes", "replica_label": "0x"}})
+
+
 def test_unset_environment_variable_is_named(tmp_path: Any) -> None:
     """An identity or replica that cannot be resolved stops start-up, naming the variable."""
     msg = _errors(tmp_path, {"ha": {"mode": "kubernetes", "replica_env": "REPLICA"}})

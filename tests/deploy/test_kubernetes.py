@@ -36,13 +36,13 @@ EXPECTED_KINDS = {
     "vllm": {"Deployment", "Service", "PodDisruptionBudget"},
     "autoscaling/hpa": MONITORING_KINDS | {"HorizontalPodAutoscaler"},
     "autoscaling/keda": MONITORING_KINDS | {"ScaledObject"},
-    "shards": BASE_KINDS | {"DaemonSet", "StatefulSet"},
+    "shards": BASE_KINDS | {"DaemonSet", "StatefulSet", "Role", "RoleBinding"},
 }
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"}
 AUTOSCALING = ("autoscaling/hpa", "autoscaling/keda")
 VLLM = "vllm-llama-3-70b"
 # What the downward API gives the pods that read it (POD_NAME: the shards' ordinal, NODE_NAME: node agents).
-POD_ENV = {"POD_NAME": "sre-agent-shard-2", "NODE_NAME": "gpu-node-1"}
+POD_ENV = {"POD_NAME": "sre-agent-shard-2", "NODE_NAME": "gpu-node-1", "POD_NAMESPACE": "monitoring"}
 CONFIGMAP_KIND = {"sre-agent-config": "Deployment", "sre-agent-node-config": "DaemonSet",
                   "sre-agent-shard-config": "StatefulSet"}
 
@@ -65,14 +65,18 @@ def test_kustomize_builds_with_expected_kinds(overlay: str) -> None:
 @needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_rbac_and_no_api_token(overlay: str) -> None:
-    """No overlay grants API access: no Role or binding, and no pod mounts a service-account token
-    (the agent scrapes over HTTP; the HPA and KEDA read metrics with their own identities)."""
+    """No overlay grants API access beyond the HA pair's one Lease: no other Role or binding, and no pod
+    but the pair's mounts a service-account token (the agent scrapes over HTTP; the HPA and KEDA read
+    metrics with their own identities)."""
     docs = build(overlay)
-    assert not [d for d in docs if d["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}]
+    rbac = [d for d in docs if d["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}]
+    leader = {("Role", "sre-agent-leader-election"), ("RoleBinding", "sre-agent-leader-election")}
+    assert {(d["kind"], d["metadata"]["name"]) for d in rbac} == (leader if overlay == "shards" else set())
     for sa in (d for d in docs if d["kind"] == "ServiceAccount"):
         assert sa["automountServiceAccountToken"] is False
     for w in (d for d in docs if d["kind"] in WORKLOADS):
-        assert w["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, w["metadata"]["name"]
+        pair = overlay == "shards" and w["metadata"]["name"] == "sre-agent"  # renews its Lease
+        assert w["spec"]["template"]["spec"]["automountServiceAccountToken"] is pair, w["metadata"]["name"]
 
 
 def test_prometheusrule_is_fresh(capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,7 +236,19 @@ def test_shards_statefulset_lines_up_with_its_config(tmp_path: Path) -> None:
     assert central["spec"]["replicas"] == 2
     pair = _config_with_token(docs, "sre-agent-config", tmp_path)
     assert pair.source.type == "prometheus" and [r.kind for r in pair.receivers] == ["alertmanager"]
-    assert "# ha:" in one(docs, "ConfigMap", "sre-agent-config")["data"]["agent.yaml"]  # the HA placeholder
+    # the pair elects its sender of direct receivers with a Lease: identity and namespace from the
+    # downward API, the service account's token mounted, and a Role for that one Lease
+    assert pair.ha.mode == "kubernetes" and pair.ha.replica_labels() == {}  # recording written back once
+    pod = central["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    central_env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["containers"][0]["env"]}
+    assert central_env[pair.ha.identity_env or ""] == "metadata.name"
+    assert central_env[pair.ha.lease.namespace_env or ""] == "metadata.namespace"
+    role, binding = one(docs, "Role"), one(docs, "RoleBinding")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [pair.ha.lease.name], "verbs": ["get", "update"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"]}]
     node = _config_with_token(docs, "sre-agent-node-config", tmp_path)
     assert node.forward is not None and [list(r.write) for r in node.remote_write] == [["scraped"]]
     assert {r.url for r in [*cfg.remote_write, *node.remote_write, *pair.remote_write]} == {
