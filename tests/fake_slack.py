@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class SlackMessage:
     thread_ts: str | None = None
     edits: int = 0
     via: str = "api"  # or "webhook"
+    received: float = field(default_factory=time.time)  # when it was posted (wall clock), for latencies
 
     def header(self) -> str:
         """The text of the first header block ('' when there is none)."""
