@@ -97,7 +97,11 @@ async def test_kill_leader_while_a_receiver_is_down_loses_nothing(
     target.set(1)
 
     async def fired_and_settled() -> bool:  # the follower's held copies settled by the leader's watermark
-        return (bool(hook.accepted_with("firing")) and bool(slack.in_channel(CHANNEL))
+        # (its copies are created a moment after the leader's, so an empty outbox alone can come too early:
+        # wait for the settling itself, logged per receiver)
+        settled = {str(e.get("receiver")) for e in follower.events()
+                   if e.get("event") == "held notifications settled: the leader delivered them"}
+        return (bool(hook.accepted_with("firing")) and bool(slack.in_channel(CHANNEL)) and settled >= {"hook", "slack"}
                 and await follower.metric("sre_agent_outbox_depth", receiver="hook") == 0
                 and await follower.metric("sre_agent_outbox_depth", receiver="slack") == 0)
 

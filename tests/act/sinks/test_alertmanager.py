@@ -144,8 +144,14 @@ async def test_real_alertmanager_accepts_firing_batch(alertmanager: Alertmanager
     alerts = [_live("gpu-a:8000", now), _live("gpu-b:8000", now)]
     async with aiohttp.ClientSession() as session:
         await _sink(alertmanager, session).send(_notification(alerts))
-    held = await alertmanager.alerts()
-    assert _labels_of(held) == _labels_of([{"labels": a.labels} for a in alerts])
+    want = _labels_of([{"labels": a.labels} for a in alerts])
+
+    async def both_held() -> list[dict[str, Any]] | None:  # a loaded Alertmanager lists them a moment later
+        listed = await alertmanager.alerts()
+        return listed if _labels_of(listed) == want else None
+
+    held = await am_helper.eventually(both_held, what="both alerts listed by Alertmanager")
+    assert _labels_of(held) == want
     by_instance = {a["labels"]["instance"]: a for a in held}
     for sent in alerts:
         got = by_instance[sent.labels["instance"]]
