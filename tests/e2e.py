@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +38,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
+
+from agent.config import bundled_rules_dir, format_duration, parse_duration
 
 from .alertmanager import eventually
 from .conftest import REPO
@@ -379,3 +383,36 @@ async def quiet(agent: AgentProcess, *, what: str = "the agent running on") -> N
     the test would not do: on a loaded machine the agent process may not have run meanwhile.
     """
     await agent.evaluated_after(time.time() + SETTLE_S, what=f"{what} (an evaluation {SETTLE_S:g} s on)")
+
+
+# -- compressed time -------------------------------------------------------------------------------
+_DURATION = re.compile(r"(\[|offset\s+)(\d+[smhd])((?::\d+[smhd])?\])?")
+
+
+def compress_expr(expr: str, factor: float) -> str:
+    """Divide every range and offset duration of a PromQL expression by ``factor``."""
+    def scaled(m: re.Match[str]) -> str:
+        tail = m.group(3) or ""
+        if tail.startswith(":"):
+            tail = ":" + format_duration(parse_duration(tail[1:-1]) / factor) + "]"
+        return m.group(1) + format_duration(parse_duration(m.group(2)) / factor) + tail
+    return _DURATION.sub(scaled, expr)
+
+
+def compressed_rules(path: Path, factor: float, *, ranges: bool = False,
+                     extra_groups: list[dict[str, Any]] | None = None) -> Path:
+    """The bundled ``vllm.rules.yaml`` with time compressed ``factor`` times, written to ``path``: every
+    group at 1 s, every ``for`` and ``keep_firing_for`` divided by ``factor``, and with ``ranges`` every
+    range and offset too. Both sides of a differential test get the same file, so the scaling cancels."""
+    data = yaml.safe_load((bundled_rules_dir() / "vllm.rules.yaml").read_text())
+    for group in data["groups"]:
+        group["interval"] = "1s"
+        for rule in group["rules"]:
+            if ranges:
+                rule["expr"] = compress_expr(rule["expr"], factor)
+            for key in ("for", "keep_firing_for"):
+                if key in rule:
+                    rule[key] = format_duration(parse_duration(rule[key]) / factor)
+    data["groups"].extend(extra_groups or [])
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

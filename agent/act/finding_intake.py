@@ -128,21 +128,21 @@ def record(db: StateDB, d: Dispatcher, f: Forwarded, rule_alerts: list[AlertSnap
 def parse_forwarded(data: Mapping[str, Any]) -> Forwarded:
     """A forwarded finding (a JSON object) -> :class:`Forwarded`; ``ValueError`` names what is wrong."""
     _known(data, _TOP, "")
-    version = _field(data, "version", str, "")
+    version = intake.json_field(data, "version", str, "")
     if version != _VERSION:
         raise ValueError(f"version: expected {_VERSION!r} (the findings intake format), not {version[:20]!r}")
-    key = _field(data, "key", str, "")
+    key = intake.json_field(data, "key", str, "")
     if not _KEY.fullmatch(key):
         raise ValueError("key: 1 to 256 printable ASCII characters without spaces")
     labels = _labels(data.get("labels", {}), "labels")
     alert_labels: dict[str, str] = {}
     if "alert" in data:
-        alert = _field(data, "alert", dict, "")
+        alert = intake.json_field(data, "alert", dict, "")
         _known(alert, _ALERT, "alert")
-        alert_labels = _labels(_field(alert, "labels", dict, "alert"), "alert.labels")
+        alert_labels = _labels(intake.json_field(alert, "labels", dict, "alert"), "alert.labels")
         if "startsAt" in alert:
-            _field(alert, "startsAt", int, "alert")
-    return Forwarded(key, _finding(_field(data, "finding", dict, "")), labels, alert_labels)
+            intake.json_field(alert, "startsAt", int, "alert")
+    return Forwarded(key, _finding(intake.json_field(data, "finding", dict, "")), labels, alert_labels)
 
 
 def _finding(raw: Mapping[str, Any]) -> Finding:
@@ -150,7 +150,7 @@ def _finding(raw: Mapping[str, Any]) -> Finding:
     values: dict[str, Any] = {}
     for name, limit in _STRINGS.items():
         if name in raw or name in ("kind", "summary"):
-            text = _field(raw, name, str, "finding")
+            text = intake.json_field(raw, name, str, "finding")
             if len(text) > limit:
                 raise ValueError(f"finding.{name}: {len(text)} characters, more than the {limit} taken")
             values[name] = text
@@ -161,15 +161,15 @@ def _finding(raw: Mapping[str, Any]) -> Finding:
     if values.setdefault("severity", "warning") not in _SEVERITIES:
         raise ValueError(f"finding.severity: one of {', '.join(_SEVERITIES)}, not {values['severity']!r}")
     if "ok" in raw:
-        values["ok"] = _field(raw, "ok", bool, "finding")
-    evidence = _field(raw, "evidence", list, "finding") if "evidence" in raw else []
+        values["ok"] = intake.json_field(raw, "ok", bool, "finding")
+    evidence = intake.json_field(raw, "evidence", list, "finding") if "evidence" in raw else []
     if len(evidence) > _MAX_EVIDENCE:
         raise ValueError(f"finding.evidence: {len(evidence)} lines, more than the {_MAX_EVIDENCE} taken")
     for i, line in enumerate(evidence):
         if not isinstance(line, str) or len(line) > _MAX_TEXT:
             raise ValueError(f"finding.evidence[{i}]: must be a string of at most {_MAX_TEXT} characters")
     values["evidence"] = list(evidence)
-    values["details"] = dict(_field(raw, "details", dict, "finding")) if "details" in raw else {}
+    values["details"] = dict(intake.json_field(raw, "details", dict, "finding")) if "details" in raw else {}
     values["labels"] = _labels(raw.get("labels", {}), "finding.labels")
     return Finding(**values)
 
@@ -181,19 +181,9 @@ def _known(obj: Mapping[str, Any], keys: frozenset[str], path: str) -> None:
         raise ValueError(f"{where}unknown key {unknown[0][:40]!r}; expected {', '.join(sorted(keys))}")
 
 
-def _field(obj: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
-    where = f"{path}.{key}" if path else key
-    if key not in obj:
-        raise ValueError(f"{where}: missing")
-    value = obj[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{where}: must be {_type_name(kind)}, not {_type_name(type(value))}")
-    return value
-
-
 def _labels(raw: Any, path: str) -> dict[str, str]:
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: must be an object, not {_type_name(type(raw))}")
+        raise ValueError(f"{path}: must be an object, not {intake.type_name(raw)}")
     if len(raw) > _MAX_LABELS:
         raise ValueError(f"{path}: {len(raw)} labels, more than the {_MAX_LABELS} taken")
     for name, value in raw.items():
@@ -202,8 +192,3 @@ def _labels(raw: Any, path: str) -> dict[str, str]:
         if not isinstance(value, str) or len(value) > _MAX_VALUE:
             raise ValueError(f"{path}.{name}: must be a string of at most {_MAX_VALUE} characters")
     return dict(raw)
-
-
-def _type_name(kind: type) -> str:
-    return {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-            bool: "a boolean", type(None): "null"}.get(kind, kind.__name__)

@@ -68,21 +68,21 @@ class Webhook:
 
 def parse_webhook(data: Mapping[str, Any]) -> Webhook:
     """A version-4 webhook body (a JSON object) -> :class:`Webhook`; ``ValueError`` names what is wrong."""
-    version = _field(data, "version", str, "")
+    version = json_field(data, "version", str, "")
     if version != _VERSION:
         raise ValueError(f"version: expected {_VERSION!r} (Alertmanager's webhook format), not {version[:20]!r}")
-    receiver = _field(data, "receiver", str, "")
-    group_key = _field(data, "groupKey", str, "")
+    receiver = json_field(data, "receiver", str, "")
+    group_key = json_field(data, "groupKey", str, "")
     status = _status(data, "")
-    external_url = _field(data, "externalURL", str, "")
+    external_url = json_field(data, "externalURL", str, "")
     for key in ("groupLabels", "commonLabels", "commonAnnotations"):
-        _strings(_field(data, key, dict, ""), key)
+        _strings(json_field(data, key, dict, ""), key)
     truncated = 0
     if "truncatedAlerts" in data:
-        truncated = _field(data, "truncatedAlerts", int, "")
+        truncated = json_field(data, "truncatedAlerts", int, "")
         if truncated < 0:
             raise ValueError(f"truncatedAlerts: must not be negative, got {truncated}")
-    raw = _field(data, "alerts", list, "")
+    raw = json_field(data, "alerts", list, "")
     if not raw:
         raise ValueError("alerts: empty; a webhook carries at least one alert")
     if len(raw) > MAX_ALERTS:
@@ -93,20 +93,20 @@ def parse_webhook(data: Mapping[str, Any]) -> Webhook:
 
 def _alert(raw: Any, path: str, source: str, receiver: str) -> IntakeAlert:
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: must be an object, not {_type_name(raw)}")
+        raise ValueError(f"{path}: must be an object, not {type_name(raw)}")
     status = _status(raw, path)
-    labels = _strings(_field(raw, "labels", dict, path), f"{path}.labels")
+    labels = _strings(json_field(raw, "labels", dict, path), f"{path}.labels")
     if not labels:
         raise ValueError(f"{path}.labels: empty; an alert is identified by its labels")
-    annotations = _strings(_field(raw, "annotations", dict, path), f"{path}.annotations")
-    starts_ms = _time(_field(raw, "startsAt", str, path), f"{path}.startsAt")
+    annotations = _strings(json_field(raw, "annotations", dict, path), f"{path}.annotations")
+    starts_ms = _time(json_field(raw, "startsAt", str, path), f"{path}.startsAt")
     if starts_ms <= 0:
         raise ValueError(f"{path}.startsAt: an alert must have started after 1970")
-    ends_ms = _time(_field(raw, "endsAt", str, path), f"{path}.endsAt")
+    ends_ms = _time(json_field(raw, "endsAt", str, path), f"{path}.endsAt")
     if status == "resolved" and ends_ms <= 0:
         raise ValueError(f"{path}.endsAt: a resolved alert needs the time it resolved")
-    generator_url = _field(raw, "generatorURL", str, path)
-    fp = _field(raw, "fingerprint", str, path)
+    generator_url = json_field(raw, "generatorURL", str, path)
+    fp = json_field(raw, "fingerprint", str, path)
     if not _FINGERPRINT.fullmatch(fp):
         raise ValueError(f"{path}.fingerprint: expected Alertmanager's fingerprint (hex digits), not {fp[:70]!r}")
     return IntakeAlert(fingerprint=fp, status=status, labels=labels, annotations=annotations, starts_ms=starts_ms,
@@ -114,18 +114,19 @@ def _alert(raw: Any, path: str, source: str, receiver: str) -> IntakeAlert:
                        receiver=receiver)
 
 
-def _field(obj: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
+def json_field(obj: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
+    """``obj[key]``, which must be a ``kind`` (a bool is not an int); ValueError names ``path.key``."""
     where = f"{path}.{key}" if path else key
     if key not in obj:
         raise ValueError(f"{where}: missing")
     value = obj[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{where}: must be {_type_name(kind())}, not {_type_name(value)}")
+        raise ValueError(f"{where}: must be {type_name(kind())}, not {type_name(value)}")
     return value
 
 
 def _status(obj: Mapping[str, Any], path: str) -> Status:
-    value = _field(obj, "status", str, path)
+    value = json_field(obj, "status", str, path)
     if value not in _STATUSES:
         raise ValueError(f"{path + '.' if path else ''}status: must be 'firing' or 'resolved', not {value[:20]!r}")
     return cast(Status, value)
@@ -138,7 +139,7 @@ def _strings(obj: dict[str, Any], path: str) -> dict[str, str]:
         if not name or len(name) > MAX_NAME:
             raise ValueError(f"{path}: a name must have 1 to {MAX_NAME} characters, got {len(name)}")
         if not isinstance(value, str):
-            raise ValueError(f"{path}.{name[:40]}: must be a string, not {_type_name(value)}")
+            raise ValueError(f"{path}.{name[:40]}: must be a string, not {type_name(value)}")
     return dict(obj)
 
 
@@ -159,7 +160,8 @@ def _time(text: str, path: str) -> int:
     return int(ms) if math.isfinite(ms) and ms > 0 else 0
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
+    """A JSON value's type as an error message names it ("an object", "a string", ...)."""
     return {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
             bool: "a boolean", type(None): "null"}.get(type(value), type(value).__name__)
 

@@ -43,7 +43,6 @@ from typing import Any, NoReturn, Protocol
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -51,7 +50,7 @@ from prometheus_client.registry import Collector
 from agent.act.finding_intake import MAX_BODY_BYTES as FINDING_BODY_LIMIT
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
 from agent.app.triage import CONTENT_TYPES, CSP, FORMATS
-from agent.app.ui import add_ui, bypasses_bearer
+from agent.app.ui import UiView, add_ui, bypasses_bearer
 from agent.config import ServerConfig
 from agent.errors import ConfigError, NotFoundError, StateError
 
@@ -84,32 +83,14 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GUARD = web.AppKey("guard", ConnectionGuard)
 
 
-class AgentView(Protocol):
-    """The read-only view of the daemon that the HTTP layer needs."""
-
-    registry: CollectorRegistry
+class AgentView(UiView, Protocol):
+    """The view of the daemon that the HTTP layer needs: what the UI pages read, and more."""
 
     @property
     def ready(self) -> bool: ...
 
     @property
     def degraded(self) -> str | None: ...
-
-    def targets_json(self) -> list[dict[str, Any]]: ...
-
-    def alerts_json(self) -> list[dict[str, Any]]: ...
-
-    def rules_json(self) -> list[dict[str, Any]]: ...
-
-    def status_json(self) -> dict[str, Any]: ...
-
-    async def incidents_json(self, limit: int = 50) -> list[dict[str, Any]]: ...
-
-    async def silences_json(self) -> list[dict[str, Any]]: ...
-
-    async def add_silence(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-    async def expire_silence(self, silence_id: str) -> bool: ...
 
     async def accept_webhook(self, body: dict[str, Any]) -> dict[str, Any]: ...
 

@@ -14,29 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.app.daemon import Agent
-from agent.config import Config, bundled_rules_dir, format_duration, parse_duration
+from agent.config import Config
 from agent.rules.manager import AlertState
 from agent.simulate.server import Fleet, FleetConfig
 from tests.alertmanager import eventually
-from tests.e2e import parse_time
+from tests.e2e import compressed_rules, parse_time
 from tests.prometheus import Prometheus
 
 SCALE = 15  # 15 s -> 1 s
 
 
 def _scaled_rules(path: Path) -> Path:
-    data = yaml.safe_load((bundled_rules_dir() / "vllm.rules.yaml").read_text())
-    for g in data["groups"]:
-        g["interval"] = "1s"
-        for r in g["rules"]:
-            for key in ("for", "keep_firing_for"):
-                if key in r:
-                    r[key] = format_duration(parse_duration(r[key]) / SCALE)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return compressed_rules(path, SCALE)
 
 
 def _firing(agent: Agent) -> dict[tuple[tuple[str, str], ...], float]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,45 +33,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.app.daemon import Agent
-from agent.config import Config, bundled_rules_dir, format_duration, parse_duration
+from agent.config import Config
 from agent.rules.manager import AlertState
 from agent.simulate.server import Fleet, FleetConfig
 from tests.alertmanager import Alertmanager, eventually
-from tests.e2e import parse_time
+from tests.e2e import compressed_rules, parse_time
 from tests.fake_slack import DEFAULT_CHANNELS, FakeSlack, running_fake_slack
 from tests.prometheus import Prometheus
 
 FACTOR = 15  # 15 model seconds per wall second: a 1 s interval is the bundled rules' 15 s
 CHANNEL = "#alerts"
-_DURATION = re.compile(r"(\[|offset\s+)(\d+[smhd])((?::\d+[smhd])?\])?")
 
 Key = tuple[tuple[str, str], ...]
 
 
-def compress(expr: str, factor: int) -> str:
-    """Divide every range and offset duration of a PromQL expression by ``factor``."""
-    def scaled(m: re.Match[str]) -> str:
-        tail = m.group(3) or ""
-        if tail.startswith(":"):
-            tail = ":" + format_duration(parse_duration(tail[1:-1]) / factor) + "]"
-        return m.group(1) + format_duration(parse_duration(m.group(2)) / factor) + tail
-    return _DURATION.sub(scaled, expr)
-
-
-def compressed_rules(path: Path) -> Path:
-    data = yaml.safe_load((bundled_rules_dir() / "vllm.rules.yaml").read_text())
-    for group in data["groups"]:
-        group["interval"] = "1s"
-        for rule in group["rules"]:
-            rule["expr"] = compress(rule["expr"], FACTOR)
-            for key in ("for", "keep_firing_for"):
-                if key in rule:
-                    rule[key] = format_duration(parse_duration(rule[key]) / FACTOR)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+def _rules(path: Path) -> Path:
+    return compressed_rules(path, FACTOR, ranges=True)
 
 
 @dataclass(frozen=True)
@@ -152,7 +130,7 @@ class Onset:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.scenario for c in CASES])
 async def test_scenario_against_prometheus_alertmanager_and_slack(case: Case, tmp_path: Path) -> None:
-    rules = compressed_rules(tmp_path / "vllm.rules.yaml")
+    rules = _rules(tmp_path / "vllm.rules.yaml")
     fleet = Fleet(FleetConfig(replicas=2, base_port=0, control_port=0, scenario=case.scenario, speed=FACTOR,
                               step_s=0.1, balance="least_request", dcgm_port=None))
     await fleet.start()

@@ -35,12 +35,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
-from agent.config import bundled_rules_dir, format_duration, parse_duration
 from agent.rules.files import load_rule_files
 from tests.alertmanager import eventually
-from tests.e2e import AgentProcess, Agents, agents, parse_time
+from tests.e2e import AgentProcess, Agents, agents, compressed_rules, parse_time
 from tests.receivers import RecordingServer, free_port
 from tests.topology import (
     AlertKey,
@@ -71,16 +69,8 @@ STALE_RULE = {"alert": "VLLMTargetSamplesStale", "expr": 'time() - timestamp(up{
 
 
 def _rules(path: Path) -> Path:
-    data = yaml.safe_load((bundled_rules_dir() / "vllm.rules.yaml").read_text())
-    for g in data["groups"]:
-        g["interval"] = "1s"
-        for r in g["rules"]:
-            for key in ("for", "keep_firing_for"):
-                if key in r:
-                    r[key] = format_duration(parse_duration(r[key]) / SCALE)
-    data["groups"].append({"name": "topology-gap", "interval": "1s", "rules": [STALE_RULE]})
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return compressed_rules(path, SCALE, extra_groups=[{"name": "topology-gap", "interval": "1s",
+                                                        "rules": [STALE_RULE]}])
 
 
 def _base(tmp_path: Path, name: str, rules: Path) -> dict[str, Any]:
