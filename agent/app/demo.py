@@ -221,7 +221,9 @@ def demo_config(fleet: Fleet, *, tmp: Path, sd: Path, listen: str, interval: str
         "receivers": [{"name": "console", "console": {}}, *extra],
         "route": {"receiver": "console", "group_by": ["alertname"], "group_wait": "5s",
                   "group_interval": "30s", "repeat_interval": "1h",
-                  "routes": [{"receiver": r["name"], "continue": True} for r in extra]},
+                  # the real receivers get everything too; the last route keeps the console's feed
+                  "routes": [*({"receiver": r["name"], "continue": True} for r in extra),
+                             *([{"receiver": "console"}] if extra else [])]},
         # the bundled scale-out rules carry action=scale_out; the simulator's control port takes it
         "scaling": {"services": [{
             "name": "vllm", "matchers": ['job="vllm"'], "webhook": {"url": f"{fleet.control_url}/scale"},

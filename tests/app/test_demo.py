@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+from pathlib import Path
 
 import aiohttp
 import pytest
 
-from agent.app.demo import run_demo
+from agent.app.demo import DemoReceivers, run_demo
 from agent.simulate.server import FleetConfig
+from tests.alertmanager import Alertmanager
+from tests.fake_slack import running_fake_slack
 
 
 async def test_demo_shows_fleet_and_follows_a_scale_out() -> None:
@@ -42,7 +45,7 @@ async def test_demo_shows_fleet_and_follows_a_scale_out() -> None:
 
 
 @pytest.mark.slow
-async def test_the_story_is_told_from_surge_to_oom_in_model_time() -> None:
+async def test_the_story_is_told_from_surge_to_oom_in_model_time(tmp_path: Path) -> None:
     """The default scenario tells the whole story, each step from what the agent recorded: the
     `for: 5m` of the scale-out rule is five minutes of model time between pending and firing, the
     scale-out reaches the simulator once (3 -> 5), the queue stays in the hundreds, and the OOM
@@ -51,8 +54,19 @@ async def test_the_story_is_told_from_surge_to_oom_in_model_time() -> None:
     out = io.StringIO()
     cfg = FleetConfig(replicas=3, lmdeploy_replicas=1, base_port=0, control_port=0, scenario="story",
                       balance="least_request")
-    code = await run_demo(cfg, listen="127.0.0.1:0", time_scale=8, duration=600, out=out, exit_after_story=True)
+    token = tmp_path / "slack-token"
+    async with running_fake_slack() as slack, Alertmanager(tmp_path / "am") as am:
+        token.write_text(slack.token)
+        receivers = DemoReceivers(slack_token_file=token, slack_channel="#alerts", slack_api_url=slack.api_url,
+                                  alertmanager=(am.url,))
+        code = await run_demo(cfg, listen="127.0.0.1:0", time_scale=8, duration=600, out=out,
+                              exit_after_story=True, receivers=receivers)
+        held = {a["labels"]["alertname"] for a in await am.alerts()}
+        posted = " ".join(m.text for m in slack.messages)
     assert code == 0
+    # the same notifications reached the real receivers: Alertmanager's API, the Slack stand-in
+    assert {"VLLMKVCacheSaturated", "Watchdog"} <= held, held
+    assert "VLLMScaleOutNeeded" in posted and "VLLMKVCacheSaturated" in posted
     text = out.getvalue()
     assert "story complete:" in text, text[-3000:]
     told = text.split("story complete:", 1)[1].split("incidents (each links", 1)[0]
