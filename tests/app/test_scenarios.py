@@ -169,8 +169,8 @@ async def _watch(case: Case, prom: Prometheus, agent: Agent, am: Alertmanager, s
         evals.update(g.last_eval_ms for g in agent.rules.groups if g.last_eval_ms)
         (theirs, their_active), ours = await prometheus_alerts(), _firing(agent)
         our_active = {a.labels for a in agent.rules.alerts() if a.state in (AlertState.FIRING, AlertState.PENDING)}
-        fired = {dict(k)["alertname"] for k in theirs} & {dict(k)["alertname"] for k in ours}
-        if case.alert in fired and set(theirs) <= our_active and set(ours) <= their_active:
+        both = any(dict(k)["alertname"] == case.alert for k in set(theirs) & set(ours))  # same labels firing
+        if both and set(theirs) <= our_active and set(ours) <= their_active:
             return theirs, ours
         await asyncio.sleep(0.2)
         return None

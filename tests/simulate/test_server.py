@@ -260,8 +260,9 @@ async def test_behind_least_request_new_replicas_take_the_queue_s_arrivals(start
     await fleet.scale_to(4)
     after = await state()
     old, new = after[:2], after[2:]
-    # two fresh replicas of four share ranks 0 and 1: 6/16 of arrivals each, against 3/16 and 1/16
-    assert min(float(r["arrival_rate"]) for r in new) >= 1.9 * max(float(r["arrival_rate"]) for r in old)
+    # the two fresh replicas of four hold ranks 0 and 1 (7/16 and 5/16 of arrivals, or 6/16 each while tied
+    # at zero), the old ones 3/16 and 1/16: the smaller new share is at least 5/3 of the larger old one
+    assert min(float(r["arrival_rate"]) for r in new) >= 1.6 * max(float(r["arrival_rate"]) for r in old)
     demand = fleet.scenario.rate_per_replica * 2 * fleet.scenario.demand(float(after[0]["time"]))
     assert sum(float(r["arrival_rate"]) for r in after) == pytest.approx(demand, rel=0.01)
 
