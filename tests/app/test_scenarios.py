@@ -153,24 +153,30 @@ async def test_scenario_against_prometheus_alertmanager_and_slack(case: Case, tm
 
 async def _watch(case: Case, prom: Prometheus, agent: Agent, am: Alertmanager, slack: FakeSlack, *,
                  fleet: Fleet, onset: Onset) -> dict[str, Any]:
-    async def prometheus_alerts() -> tuple[dict[Key, float], set[Key]]:
+    async def prometheus_alerts() -> tuple[dict[Key, float], set[Key]]:  # firing (with activeAt), and all
         listed = (await prom.api("alerts"))["alerts"]
         firing = {tuple(sorted(a["labels"].items())): parse_time(a["activeAt"]) for a in listed
                   if a["state"] == "firing"}
         return firing, {tuple(sorted(a["labels"].items())) for a in listed}
 
     evals: set[int] = set()
+    their_fired: set[Key] = set()
+    their_active: set[Key] = set()
 
     async def both_fire() -> tuple[dict[Key, float], dict[Key, float]] | None:
-        """The scenario's alert firing in both, and every alert firing in one firing or pending in the
-        other: the same alerts with the same labels, where an alert hugging its threshold may have just
-        started its `for` over in one of the two independent scrapers."""
+        """The scenario's alert firing in both with the same labels, and every alert that has fired in
+        one so far at least pending at some point in the other: the same alerts with the same labels,
+        where a value hugging its threshold can restart a `for` in one of two independent scrapers."""
         onset.sample()
         evals.update(g.last_eval_ms for g in agent.rules.groups if g.last_eval_ms)
-        (theirs, their_active), ours = await prometheus_alerts(), _firing(agent)
-        our_active = {a.labels for a in agent.rules.alerts() if a.state in (AlertState.FIRING, AlertState.PENDING)}
-        both = any(dict(k)["alertname"] == case.alert for k in set(theirs) & set(ours))  # same labels firing
-        if both and set(theirs) <= our_active and set(ours) <= their_active:
+        theirs, active = await prometheus_alerts()
+        their_fired.update(theirs)
+        their_active.update(active)
+        ours = _firing(agent)
+        our_fired = {e.alert.labels for e in agent.events if e.kind == "firing"}
+        our_active = {e.alert.labels for e in agent.events if e.kind in ("pending", "firing")}
+        both = any(dict(k)["alertname"] == case.alert for k in set(theirs) & set(ours))
+        if both and their_fired <= our_active and our_fired <= their_active:
             return theirs, ours
         await asyncio.sleep(0.2)
         return None
