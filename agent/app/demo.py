@@ -4,6 +4,13 @@ The simulator's replica list is published as a Prometheus ``file_sd`` file that
 the agent watches, exactly as a real deployment would wire a changing fleet, so
 replicas added by ``POST /scale`` are picked up without a restart. The view reads
 the agent's own store (not the simulator), so what it shows is what the agent saw.
+
+The simulator and the agent share one model-time clock (:class:`ModelClock`): model time
+runs ``time_scale`` times the wall, the agent's jobs run each ``interval / time_scale`` wall
+seconds, and every duration (a rule's ``for``, ``group_wait``, cooldowns, rate windows) is
+kept in model time, so nothing is shortened; the screen shows both clocks. The default
+``story`` scenario tells one incident from surge to CUDA OOM, each step followed from the
+agent's own records (:mod:`agent.app.story`), then a summary with each incident's report URL.
 """
 
 from __future__ import annotations
