@@ -22,6 +22,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -33,7 +34,13 @@ import remote_eval  # type: ignore[import-not-found]  # noqa: E402
 from fleet import running_fleet  # type: ignore[import-not-found]  # noqa: E402
 from procs import hanging_targets  # type: ignore[import-not-found]  # noqa: E402
 from table import Row, render, write_json  # type: ignore[import-not-found]  # noqa: E402
-from whole import Job, Window, measure_agent, measure_prometheus, measure_vm_stack  # type: ignore[import-not-found]  # noqa: E402,E501
+from whole import (  # type: ignore[import-not-found]  # noqa: E402
+    Job,
+    Window,
+    measure_agent,
+    measure_prometheus,
+    measure_vm_stack,
+)
 
 from agent.app.logs import configure_logging  # noqa: E402
 
@@ -79,7 +86,7 @@ def whole_rows(a: Window, prom: Window | None, vm: Window | None, interval: floa
 def prometheus_mode_rows(urls: list[str], quick: bool, interval: float) -> list[Row]:
     if any(shutil.which(b) is None for b in ("victoria-metrics", "vmagent", "vmalert")):
         return [Row("Prometheus mode: rule set against vmalert", "ms", None, note="VictoriaMetrics not installed")]
-    r = asyncio.run(remote_eval.bench(urls, 0.5 if quick else 2.0, interval, True,
+    r = asyncio.run(remote_eval.bench(urls, 0.35 if quick else 2.0, interval, True,
                                       group_interval=interval if quick else None))
     return [Row("Prometheus mode: one evaluation of the rule set, vs vmalert", "ms", r["agent_s"] * 1000,
                 r["vmalert_s"] * 1000, r["agent_s"] / r["vmalert_s"], ("<=", 1.0),
@@ -99,6 +106,7 @@ def fault_rows(base: Window, job: Job) -> list[Row]:
                               job.window_s))
     instances = {u.split("/")[2] for u in healthy}
     before, after = _healthy(base.alerts, instances), _healthy(f.alerts, instances)
+    changed = Counter(name for name, _ in before ^ after).most_common(3)
     hung_instances = {u.split("/")[2] for u in hung}
     return [
         Row(f"faults: {n_hang} of {len(job.urls)} targets hang, ticks late or missed", "ticks", f.late + f.missed,
@@ -107,7 +115,8 @@ def fault_rows(base: Window, job: Job) -> list[Row]:
         Row("faults: healthy targets' alerts that changed", "alerts", len(before ^ after), len(before),
             goal=("==", 0.0),
             note=f"(alertname, instance) active on healthy targets, with vs without the hanging ones; theirs = "
-                 f"active without; the hanging targets raised {len(_healthy(f.alerts, hung_instances))}"),
+                 f"active without; the hanging targets raised {len(_healthy(f.alerts, hung_instances))}; "
+                 f"changed most: {', '.join(f'{k} {v}' for k, v in changed) or 'none'}"),
         Row("faults: agent CPU per interval, vs no faults", "CPU s", f.cpu_per_interval_s, base.cpu_per_interval_s,
             f.cpu_per_interval_s / base.cpu_per_interval_s),
     ]
@@ -149,7 +158,8 @@ def main() -> None:
         rows += fault_rows(a, job)
     rows += outbox_rows(quick)
     meta: dict[str, object] = {
-        "quick": quick, "targets": n, "interval_s": interval, "window_s": window, "seconds": round(time.time() - started),
+        "quick": quick, "targets": n, "interval_s": interval, "window_s": window,
+        "seconds": round(time.time() - started),
         "loadavg_start": load0, "loadavg_end": os.getloadavg(), "cpus": os.cpu_count(),
         "python": platform.python_version(), "prometheus": prom, "victoriametrics": vm_ok,
     }

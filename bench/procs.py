@@ -113,7 +113,7 @@ def rule_copies(directory: Path, group_interval: float | None = None, keep_firin
     return out
 
 
-def agent_config(urls: list[str], interval: float, timeout: float, port: int, state: Path,
+def agent_config(urls: list[str], interval: float, timeout: float, *, port: int, state: Path,
                  rules: list[str]) -> dict[str, object]:
     """``sre-agent run``'s config for the bench: the fleet, the rules, no NVML."""
     return {
@@ -132,7 +132,7 @@ def running_agent(urls: list[str], interval: float, timeout: float, rules: list[
     """The real ``sre-agent run`` process (``python -m agent run``) over ``urls``; yields (port, pid)."""
     port = _free_port()
     cfg = work / "agent.json"  # JSON is YAML
-    cfg.write_text(json.dumps(agent_config(urls, interval, timeout, port, work / "agent.db", rules)))
+    cfg.write_text(json.dumps(agent_config(urls, interval, timeout, port=port, state=work / "agent.db", rules=rules)))
     with process([sys.executable, "-m", "agent", "run", "--config", str(cfg), "--log-level", "error"], f"http://127.0.0.1:{port}/healthz",
                  "sre-agent run", cwd=ROOT) as pid:
         yield port, pid
@@ -147,8 +147,8 @@ def prometheus_config(urls: list[str], interval: float, timeout: float, rule_fil
 
 
 @contextmanager
-def running_prometheus(binary: str, urls: list[str], interval: float, timeout: float, rules: list[str], work: Path
-                       ) -> Iterator[tuple[int, int]]:
+def running_prometheus(binary: str, urls: list[str], interval: float, timeout: float, *, rules: list[str],
+                       work: Path) -> Iterator[tuple[int, int]]:
     """Prometheus scraping ``urls`` and evaluating ``rules``; yields (port, pid)."""
     port = _free_port()
     cfg = work / "prometheus.yml"

@@ -79,7 +79,7 @@ def render(rows: list[Row]) -> str:
         met = {True: "yes", False: "**NO**", None: "-"}[r.met]
         lines.append(f"| {r.name} | {r.unit} | {_fmt(r.ours)} | {_fmt(r.theirs)} | {ratio} | {r.goal_text()} | {met} |")
     notes = [f"- {r.name}: {r.note}" for r in rows if r.note]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def write_json(path: Path, rows: list[Row], meta: dict[str, object]) -> None:

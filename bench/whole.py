@@ -60,25 +60,6 @@ class Window:
         return max(0.0, self.expected - self.cycles)
 
 
-def _sum(text: str, name: str) -> float:
-    return sum(v for _, v in metric_values(text, name))
-
-
-def _watch(pids: list[int], metrics_url: str, interval: float, warmup_s: float, window_s: float,
-           on_poll: list[str]) -> tuple[float, float, float]:
-    """Warm up, then poll ``metrics_url`` once per interval for ``window_s``; the texts go to ``on_poll``.
-    Returns (CPU seconds over the window, RSS MiB at its end, window seconds)."""
-    time.sleep(warmup_s)
-    c0, t0 = sum(cpu_s(p) for p in pids), time.monotonic()
-    on_poll.append(get(metrics_url))
-    end = t0 + window_s
-    while (now := time.monotonic()) < end:
-        time.sleep(min(interval, end - now))
-        on_poll.append(get(metrics_url))
-    c1, t1 = sum(cpu_s(p) for p in pids), time.monotonic()
-    return c1 - c0, sum(rss_mib(p) for p in pids), t1 - t0
-
-
 @dataclass(frozen=True)
 class Job:
     """What every contender does: scrape ``urls`` every ``interval`` (``timeout`` each) and evaluate the bundled
@@ -92,6 +73,25 @@ class Job:
     window_s: float
 
 
+def _sum(text: str, name: str) -> float:
+    return sum(v for _, v in metric_values(text, name))
+
+
+def _watch(pids: list[int], metrics_url: str, job: Job, on_poll: list[str]) -> tuple[float, float, float]:
+    """Warm up, then poll ``metrics_url`` once per interval for ``window_s``; the texts go to ``on_poll``.
+    Returns (CPU seconds over the window, RSS MiB at its end, window seconds)."""
+    interval, window_s = job.interval, job.window_s
+    time.sleep(job.warmup_s)
+    c0, t0 = sum(cpu_s(p) for p in pids), time.monotonic()
+    on_poll.append(get(metrics_url))
+    end = t0 + window_s
+    while (now := time.monotonic()) < end:
+        time.sleep(min(interval, end - now))
+        on_poll.append(get(metrics_url))
+    c1, t1 = sum(cpu_s(p) for p in pids), time.monotonic()
+    return c1 - c0, sum(rss_mib(p) for p in pids), t1 - t0
+
+
 def measure_agent(job: Job) -> Window:
     """The real ``sre-agent run`` over the job's targets with the bundled rules."""
     interval = job.interval
@@ -99,8 +99,7 @@ def measure_agent(job: Job) -> Window:
             running_agent(job.urls, interval, job.timeout, rule_copies(Path(tmp), job.group_interval),
                           Path(tmp)) as (port, pid):
         texts: list[str] = []
-        cpu, rss, secs = _watch([pid], f"http://127.0.0.1:{port}/metrics", interval, job.warmup_s, job.window_s,
-                                texts)
+        cpu, rss, secs = _watch([pid], f"http://127.0.0.1:{port}/metrics", job, texts)
         body = json.loads(get(f"http://127.0.0.1:{port}/api/v1/alerts"))
     durations = [_sum(t, "sre_agent_scrape_cycle_duration_seconds") for t in texts]
     evals = [_sum(t, "sre_agent_rule_group_last_duration_seconds") for t in texts]
@@ -117,11 +116,10 @@ def measure_prometheus(binary: str, job: Job) -> Window:
     """Prometheus (``binary``) scraping the same targets and evaluating the same rules."""
     interval = job.interval
     with tempfile.TemporaryDirectory(prefix="sre-agent-bench-") as tmp, \
-            running_prometheus(binary, job.urls, interval, job.timeout, rule_copies(Path(tmp), job.group_interval),
-                               Path(tmp)) as (port, pid):
+            running_prometheus(binary, job.urls, interval, job.timeout,
+                               rules=rule_copies(Path(tmp), job.group_interval), work=Path(tmp)) as (port, pid):
         texts: list[str] = []
-        cpu, rss, secs = _watch([pid], f"http://127.0.0.1:{port}/metrics", interval, job.warmup_s, job.window_s,
-                                texts)
+        cpu, rss, secs = _watch([pid], f"http://127.0.0.1:{port}/metrics", job, texts)
     evals = [_sum(t, "prometheus_rule_group_last_duration_seconds") for t in texts]
     missed = (_sum(texts[-1], "prometheus_rule_group_iterations_missed_total")
               - _sum(texts[0], "prometheus_rule_group_iterations_missed_total"))
@@ -138,6 +136,5 @@ def measure_vm_stack(job: Job) -> Window:
         with running_vm_stack(job.urls, interval, job.timeout, rules, work) as stack:
             pids = [pid for _, pid in stack.values()]
             texts: list[str] = []
-            cpu, rss, secs = _watch(pids, f"http://127.0.0.1:{stack['vmalert'][0]}/metrics", interval,
-                                    job.warmup_s, job.window_s, texts)
+            cpu, rss, secs = _watch(pids, f"http://127.0.0.1:{stack['vmalert'][0]}/metrics", job, texts)
     return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss)
