@@ -148,7 +148,7 @@ def main() -> None:
     rows = ingest_rows(quick)
     print(f"ingest done ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
     with running_fleet(n) as urls:
-        job = Job(urls, interval, 0.8 * interval, interval if quick else None, 6.0 if quick else 30.0, window)
+        job = Job(urls, interval, 0.8 * interval, interval if quick else None, 6.0 if quick else 20.0, window)
         a = measure_agent(job)
         p = measure_prometheus(prom, job) if prom else None
         v = measure_vm_stack(job) if vm_ok else None
