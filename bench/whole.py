@@ -49,7 +49,9 @@ class Window:
     late: float = math.nan  # sampled cycles that took longer than the interval
     max_cycle_s: float = math.nan
     missed_evals: float = math.nan  # rule-group iterations missed (Prometheus' own counter)
-    alerts: set[tuple[str, str, str]] = field(default_factory=set)  # (alertname, instance, state), agent only
+    # (alertname, instance) of the agent's active alerts (pending or firing): in every poll of the window, in any
+    always: set[tuple[str, str]] = field(default_factory=set)
+    ever: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def cpu_per_interval_s(self) -> float:
@@ -77,19 +79,24 @@ def _sum(text: str, name: str) -> float:
     return sum(v for _, v in metric_values(text, name))
 
 
-def _watch(pids: list[int], metrics_url: str, job: Job, on_poll: list[str]) -> tuple[float, float, float]:
-    """Warm up, then poll ``metrics_url`` once per interval for ``window_s``; the texts go to ``on_poll``.
-    Returns (CPU seconds over the window, RSS MiB at its end, window seconds)."""
+def _watch(pids: list[int], urls: list[str], job: Job) -> tuple[float, float, float, list[list[str]]]:
+    """Warm up, then GET ``urls`` once per interval for ``window_s``. Returns (CPU seconds over the window,
+    RSS MiB at its end, window seconds, the bodies of every poll)."""
     interval, window_s = job.interval, job.window_s
     time.sleep(job.warmup_s)
     c0, t0 = sum(cpu_s(p) for p in pids), time.monotonic()
-    on_poll.append(get(metrics_url))
+    polls = [[get(u) for u in urls]]
     end = t0 + window_s
     while (now := time.monotonic()) < end:
         time.sleep(min(interval, end - now))
-        on_poll.append(get(metrics_url))
+        polls.append([get(u) for u in urls])
     c1, t1 = sum(cpu_s(p) for p in pids), time.monotonic()
-    return c1 - c0, sum(rss_mib(p) for p in pids), t1 - t0
+    return c1 - c0, sum(rss_mib(p) for p in pids), t1 - t0, polls
+
+
+def _active(body: str) -> set[tuple[str, str]]:
+    alerts = json.loads(body)["data"]["alerts"]
+    return {(a["labels"].get("alertname", ""), a["labels"].get("instance", "")) for a in alerts}
 
 
 def measure_agent(job: Job) -> Window:
@@ -98,18 +105,18 @@ def measure_agent(job: Job) -> Window:
     with tempfile.TemporaryDirectory(prefix="sre-agent-bench-") as tmp, \
             running_agent(job.urls, interval, job.timeout, rule_copies(Path(tmp), job.group_interval),
                           Path(tmp)) as (port, pid):
-        texts: list[str] = []
-        cpu, rss, secs = _watch([pid], f"http://127.0.0.1:{port}/metrics", job, texts)
-        body = json.loads(get(f"http://127.0.0.1:{port}/api/v1/alerts"))
+        base = f"http://127.0.0.1:{port}"
+        cpu, rss, secs, polls = _watch([pid], [f"{base}/metrics", f"{base}/api/v1/alerts"], job)
+    texts = [m for m, _ in polls]
     durations = [_sum(t, "sre_agent_scrape_cycle_duration_seconds") for t in texts]
     evals = [_sum(t, "sre_agent_rule_group_last_duration_seconds") for t in texts]
     cycles = _sum(texts[-1], "sre_agent_scrape_cycles_total") or _sum(texts[-1], "sre_agent_scrape_cycles")
     cycles0 = _sum(texts[0], "sre_agent_scrape_cycles_total") or _sum(texts[0], "sre_agent_scrape_cycles")
-    alerts = {(a["labels"].get("alertname", ""), a["labels"].get("instance", ""), a["state"])
-              for a in body["data"]["alerts"]}
+    active = [_active(a) for _, a in polls]
     return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss, eval_s=statistics.mean(evals),
                   cycles=cycles - cycles0, expected=math.floor(secs / interval) - 1,
-                  late=sum(d > interval for d in durations), max_cycle_s=max(durations), alerts=alerts)
+                  late=sum(d > interval for d in durations), max_cycle_s=max(durations),
+                  always=set.intersection(*active), ever=set.union(*active))
 
 
 def measure_prometheus(binary: str, job: Job) -> Window:
@@ -118,8 +125,8 @@ def measure_prometheus(binary: str, job: Job) -> Window:
     with tempfile.TemporaryDirectory(prefix="sre-agent-bench-") as tmp, \
             running_prometheus(binary, job.urls, interval, job.timeout,
                                rules=rule_copies(Path(tmp), job.group_interval), work=Path(tmp)) as (port, pid):
-        texts: list[str] = []
-        cpu, rss, secs = _watch([pid], f"http://127.0.0.1:{port}/metrics", job, texts)
+        cpu, rss, secs, polls = _watch([pid], [f"http://127.0.0.1:{port}/metrics"], job)
+    texts = [m for (m,) in polls]
     evals = [_sum(t, "prometheus_rule_group_last_duration_seconds") for t in texts]
     missed = (_sum(texts[-1], "prometheus_rule_group_iterations_missed_total")
               - _sum(texts[0], "prometheus_rule_group_iterations_missed_total"))
@@ -135,6 +142,5 @@ def measure_vm_stack(job: Job) -> Window:
         rules = rule_copies(work, job.group_interval, keep_firing=False)
         with running_vm_stack(job.urls, interval, job.timeout, rules, work) as stack:
             pids = [pid for _, pid in stack.values()]
-            texts: list[str] = []
-            cpu, rss, secs = _watch(pids, f"http://127.0.0.1:{stack['vmalert'][0]}/metrics", job, texts)
+            cpu, rss, secs, _ = _watch(pids, [f"http://127.0.0.1:{stack['vmalert'][0]}/metrics"], job)
     return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss)
