@@ -282,7 +282,9 @@ class Ingest:
         return self.target.samples
 
 
-def bench(title: str, payload: str, scrapes: int, reps: int) -> None:
+def bench(title: str, payload: str, scrapes: int, reps: int, *, quiet: bool = False) -> dict[str, float]:
+    """Time (a), (b), (c), (c') and the scan alone on ``payload``; print the block unless ``quiet``.
+    Returns best microseconds per scrape by row key ("a", "b", "c", "c_all", "scan") and "samples"."""
     probe = Scanner()
     kept_rules = sum(1 for _ in Scanner(KeepList(RULE_FAMILIES)).scan(payload))
     for _ in probe.scan(payload):
@@ -299,6 +301,13 @@ def bench(title: str, payload: str, scrapes: int, reps: int) -> None:
         for _ in range(scrapes):
             parse(payload)
 
+    keep = KeepList(RULE_FAMILIES)
+
+    def run_scan() -> None:
+        for _ in range(scrapes):
+            for _sample in Scanner(keep).scan(payload):
+                pass
+
     def make_ingest(keep: KeepList) -> Callable[[], None]:
         ingest = Ingest(keep)
         ingest.scrape(payload)  # the first scrape fills the series cache
@@ -309,24 +318,38 @@ def bench(title: str, payload: str, scrapes: int, reps: int) -> None:
 
         return run
 
-    print(f"\n== {title}: {len(payload):,} bytes, {samples:,} samples, {kept_rules} kept by the keep-list")
+    if not quiet:
+        print(f"\n== {title}: {len(payload):,} bytes, {samples:,} samples, {kept_rules} kept by the keep-list")
     rows = [
-        ("(a) prometheus_client text_string_to_metric_families", run_client),
-        ("(b) agent.collect.exposition.parse (full)", run_parse),
-        ("(c) ingest: scan + store, rule keep-list", make_ingest(KeepList(RULE_FAMILIES))),
-        ("(c') ingest: scan + store, keep all", make_ingest(KeepList(None))),
+        ("a", "(a) prometheus_client text_string_to_metric_families", run_client),
+        ("b", "(b) agent.collect.exposition.parse (full)", run_parse),
+        ("c", "(c) ingest: scan + store, rule keep-list", make_ingest(KeepList(RULE_FAMILIES))),
+        ("c_all", "(c') ingest: scan + store, keep all", make_ingest(KeepList(None))),
+        ("scan", "    of which the scan alone, rule keep-list", run_scan),
     ]
-    rates: dict[str, float] = {}
-    for label, fn in rows:
+    us: dict[str, float] = {"samples": float(samples)}
+    for key, label, fn in rows:
         best, median, cpu = _best_median(fn, reps)
         n = samples * scrapes
-        rates[label[:4]] = n / best
-        print(
-            f"  {label:<55} best {n / best:>12,.0f} samples/s  median {n / median:>12,.0f}  "
-            f"cpu {n / cpu:>12,.0f}  ({best / scrapes * 1e6:,.1f} us/scrape)"
-        )
-    a, b, c, c_all = (rates[k] for k in ("(a) ", "(b) ", "(c) ", "(c')"))
-    print(f"  ratio (c)/(a) = {c / a:.1f}x   (c')/(a) = {c_all / a:.1f}x   (b)/(a) = {b / a:.1f}x")
+        us[key] = best / scrapes * 1e6
+        if not quiet:
+            print(
+                f"  {label:<55} best {n / best:>12,.0f} samples/s  median {n / median:>12,.0f}  "
+                f"cpu {n / cpu:>12,.0f}  ({best / scrapes * 1e6:,.1f} us/scrape)"
+            )
+    if not quiet:
+        a = us["a"]
+        print(f"  ratio (c)/(a) = {a / us['c']:.1f}x   (c')/(a) = {a / us['c_all']:.1f}x   (b)/(a) = {a / us['b']:.1f}x"
+              f"   scan = {us['scan'] / us['c']:.0%} of (c)")
+    return us
+
+
+def payloads(quick: bool) -> list[tuple[str, str, int]]:
+    """(title, payload, scrapes per repetition): the real captures, then synthetic V1 for 1 and 10 models."""
+    out = [(f"capture {path.name}", path.read_text(), 50 if quick else 200)
+           for path in sorted((ROOT / "tests" / "fixtures" / "vllm").glob("*_metrics.txt"))]
+    out += [(f"synthetic vLLM V1, {m} model(s)", synthetic_v1(m), 5 if quick else 20) for m in (1, 10)]
+    return out
 
 
 def main() -> None:
@@ -335,13 +358,8 @@ def main() -> None:
     args = ap.parse_args()
     reps = 3 if args.quick else 7
     print(f"python {sys.version.split()[0]}; best and median of {reps} repetitions")
-    fixtures = sorted((ROOT / "tests" / "fixtures" / "vllm").glob("*_metrics.txt"))
-    for path in fixtures:
-        bench(f"capture {path.name}", path.read_text(), scrapes=50 if args.quick else 200, reps=reps)
-    for models in (1, 10):
-        payload = synthetic_v1(models)
-        bench(f"synthetic vLLM V1, {models} model(s)", payload, scrapes=5 if args.quick else 20, reps=reps)
-
+    for title, payload, scrapes in payloads(args.quick):
+        bench(title, payload, scrapes=scrapes, reps=reps)
 
 if __name__ == "__main__":
     main()

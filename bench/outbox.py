@@ -50,10 +50,8 @@ def _run(db: StateDB, n: int) -> list[float]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, default=1000, help="notifications per mode (default 1000)")
-    args = p.parse_args()
+def measure(n: int) -> dict[str, list[float]]:
+    """Per-notification seconds for ``n`` notifications in each mode: FULL (shipped), NORMAL, memory."""
     with tempfile.TemporaryDirectory(prefix="sre-agent-bench-") as tmp:
         results: dict[str, list[float]] = {}
         for mode in ("FULL", "NORMAL", "memory"):
@@ -62,8 +60,16 @@ def main() -> None:
             if mode == "NORMAL":  # the bench's only reach into StateDB's connection
                 with db._conn.guard("bench") as c:
                     c.execute("PRAGMA synchronous=NORMAL")
-            results[mode] = _run(db, args.n)
+            results[mode] = _run(db, n)
             db.close()
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=1000, help="notifications per mode (default 1000)")
+    args = p.parse_args()
+    results = measure(args.n)
     base = statistics.median(results["FULL"])
     print(f"{'mode':28} {'median ms':>10} {'p99 ms':>8} {'notif/s':>9} {'vs FULL':>8}")
     for mode, label in (("FULL", "synchronous=FULL (shipped)"), ("NORMAL", "synchronous=NORMAL"),
@@ -71,7 +77,6 @@ def main() -> None:
         xs = sorted(results[mode])
         med, p99 = statistics.median(xs), xs[int(len(xs) * 0.99) - 1]
         print(f"{label:28} {med * 1000:10.3f} {p99 * 1000:8.3f} {1 / med:9.0f} {base / med:7.2f}x")
-
 
 if __name__ == "__main__":
     main()
