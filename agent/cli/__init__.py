@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="scrape and evaluation interval, in model time (default %(default)s)")
     demo.add_argument("--time-scale", type=float, default=6.0, metavar="X",
                       help="model seconds per wall second, for the simulator and the agent alike: the rules' "
-                           "`for` durations are kept in model time, so the story scenario (about 14.5 model "
+                           "`for` durations are kept in model time, so the story scenario (about 15.5 model "
                            "minutes) takes about 2.5 wall minutes at the default %(default)s (replaces --speed)")
     demo.add_argument("--duration", type=float, default=0.0,
                       help="stop after this many wall seconds (default: run until Ctrl-C)")

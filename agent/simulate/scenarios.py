@@ -106,11 +106,11 @@ SCENARIOS: dict[str, Scenario] = {
         "story",
         "the demo's incident from start to end: demand rises 60 % after a minute and the queue outgrows twice "
         "the running requests until a scale-out adds replicas (clients give up after 30 s in the queue); from "
-        "2 minutes a busy tenant pinned to replica 1 by session affinity keeps its KV cache above 95 %; at 14 "
+        "2 minutes a busy tenant pinned to replica 1 by session affinity keeps its KV cache above 95 %; at 15 "
         "minutes replica 0 dies of a CUDA OOM",
         surge=1.6, onset_s=60.0, ramp_s=30.0, patience_s=30.0,
         tenant=Load(12.0, prompt_median=600, gen_median=250), tenant_replica=1, tenant_from_s=120.0,
-        kill_replica=0, kill_at_s=840.0,
+        kill_replica=0, kill_at_s=900.0,
     ),
 }  # fmt: skip
 

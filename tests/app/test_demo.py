@@ -72,9 +72,11 @@ async def test_the_story_is_told_from_surge_to_oom_in_model_time(tmp_path: Path)
     told = text.split("story complete:", 1)[1].split("incidents (each links", 1)[0]
     steps = re.findall(r"\[wall +(\d+):(\d\d) \| model +(\d+):(\d\d)\] ([^:\n]+)", told)
     titles = [t for *_, t in steps]
-    assert titles == ["traffic surge", "queue alert pending", "queue alert firing", "scale-out webhook",
-                      "new replicas take the load", "queue drained, alert resolved",
-                      "KV-cache pressure, with the planner's advice", "CUDA OOM diagnosed"], told
+    # the KV alert's 10-minute `for` normally ends at about 12 model minutes, before the OOM at 15; a dip
+    # under 95 % in the agent's samples restarts it, so on a loaded machine it may come after the OOM
+    assert titles[:6] == ["traffic surge", "queue alert pending", "queue alert firing", "scale-out webhook",
+                          "new replicas take the load", "queue drained, alert resolved"], told
+    assert sorted(titles[6:]) == ["CUDA OOM diagnosed", "KV-cache pressure, with the planner's advice"], told
     model = {t: int(m) * 60 + int(s) for _, _, m, s, t in steps}
     assert model["queue alert firing"] - model["queue alert pending"] >= 300  # for: 5m, in model time
     assert "scale-out webhook: vllm 3 -> 5 replicas" in told
