@@ -60,6 +60,7 @@ from agent.config.types import (
     ConfigModel,
     Duration,
     format_duration,
+    from_env,
     parse_duration,
     parse_size,
 )
@@ -126,15 +127,7 @@ class NvmlConfig(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _hostname_from_env(cls, data: Any, info: ValidationInfo) -> Any:
-        if not isinstance(data, dict) or data.get("hostname_env") is None:
-            return data
-        if data.get("hostname") is not None:
-            raise ValueError("give hostname or hostname_env, not both")
-        name = data["hostname_env"]
-        environ: Mapping[str, str] = (info.context or {}).get("environ", {})
-        if not isinstance(name, str) or not environ.get(name):
-            raise ValueError(f"hostname_env: environment variable {name!r} is not set")
-        return {**data, "hostname": environ[name]}
+        return from_env(data, info, "hostname")
 
     @property
     def mode(self) -> str:

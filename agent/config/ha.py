@@ -22,33 +22,19 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
-from agent.config.types import ConfigModel, Duration, format_duration
+from agent.config.types import ConfigModel, Duration, format_duration, from_env
 
-__all__ = ["HaConfig", "LeaseConfig", "direct_receivers_refused", "from_env"]
+__all__ = ["HaConfig", "LeaseConfig", "direct_receivers_refused"]
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a Lease's name and namespace
 #: The kubernetes client's leader election refuses (``sys.exit``) anything below this jitter.
 JITTER_FACTOR = 1.2
-
-
-def from_env(data: Any, info: ValidationInfo, field: str) -> Any:
-    """``<field>_env: NAME`` -> ``<field>: $NAME`` (the one place these settings read the environment)."""
-    if not isinstance(data, dict) or data.get(f"{field}_env") is None:
-        return data
-    if data.get(field) is not None:
-        raise ValueError(f"give {field} or {field}_env, not both")
-    name = data[f"{field}_env"]
-    environ: Mapping[str, str] = (info.context or {}).get("environ", {})
-    if not isinstance(name, str) or not environ.get(name):
-        raise ValueError(f"{field}_env: environment variable {name!r} is not set")
-    return {**data, field: environ[name]}
 
 
 class LeaseConfig(ConfigModel):

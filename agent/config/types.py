@@ -24,6 +24,7 @@ __all__ = [
     "Duration",
     "check_url",
     "format_duration",
+    "from_env",
     "parse_duration",
     "parse_size",
     "resolve_secret",
@@ -138,3 +139,17 @@ def check_url(v: str) -> str:
     except ValueError as exc:
         raise ValueError(f"not a URL: {v!r} (bad port)") from exc
     return v
+
+
+def from_env(data: Any, info: ValidationInfo, field: str) -> Any:
+    """``<field>_env: NAME`` -> ``<field>: $NAME``, from the environment the loader passes in
+    ``info.context`` (the one place settings read it)."""
+    if not isinstance(data, dict) or data.get(f"{field}_env") is None:
+        return data
+    if data.get(field) is not None:
+        raise ValueError(f"give {field} or {field}_env, not both")
+    name = data[f"{field}_env"]
+    environ: Mapping[str, str] = (info.context or {}).get("environ", {})
+    if not isinstance(name, str) or not environ.get(name):
+        raise ValueError(f"{field}_env: environment variable {name!r} is not set")
+    return {**data, field: environ[name]}
