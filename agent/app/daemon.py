@@ -363,13 +363,13 @@ class Agent:
                              alerts=restored)
         else:
             events = self.rules.eval_group(group, now_ms)
-        await self.act.observe(group, events, now_ms)
-        await self._flush_written(now_ms)
-        for e in events:
+        for e in events:  # recorded before acting, so the history never lags the rule state readers see
             self.events.append(e)
             labels = {k: v for k, v in e.alert.labels if k != "alertname"}
             log.info("alert state changed", state=e.kind, alertname=e.rule, group=e.group, labels=labels,
                      value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
+        await self.act.observe(group, events, now_ms)
+        await self._flush_written(now_ms)
 
     def _note_written(self, kind: str, samples: list[Sample]) -> None:
         if self.remote_write is not None and kind in self.remote_write.kinds:
