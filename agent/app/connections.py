@@ -24,9 +24,10 @@ aiohttp internals are touched:
   the newcomer turned away (``503``). An attacker's half-sent requests therefore age out in
   favour of fresh ones (a probe's). The process holds at most the cap plus two accept batches
   (asyncio accepts up to the listen backlog, 64, before any protocol runs, and an evicted
-  socket's descriptor is freed one loop turn later): 256 + 2 x 64 + the scraper's 64 + 64 for
-  the state database, logs and sinks = 512, half of the usual ``ulimit -n`` of 1024. The daemon
-  warns at start (and in ``/api/v1/status``) when the limit is lower than that sum.
+  socket's descriptor is freed one loop turn later): 256 + 2 x 64 + 64 for the state database,
+  logs and sinks = 448, plus the scraper's connection per target (or ``scrape.concurrency``). The
+  daemon raises its soft ``ulimit -n`` to the hard limit at start and warns (also in
+  ``/api/v1/status``) when that is still lower than the sum.
 * **accept errors**: should the process still run out of descriptors, asyncio reports every
   failed ``accept()`` (EMFILE) through the loop's exception handler with a traceback, once a
   second. :class:`AcceptErrorLog` turns that into one warning per minute with a count.

@@ -42,6 +42,7 @@ from agent.app.server import (
     build_app,
     descriptors_needed,
     new_guard,
+    raise_open_file_limit,
     serve,
     server_status,
 )
@@ -148,6 +149,11 @@ class Agent:
         self._remote_restored: set[str] = set()
         self._pruned_ms = 0  # the first retention job prunes the state database
         self._evaluating: set[int] = set()  # groups being evaluated now (the first run and the grid's may meet)
+        # One dispatch round at a time: the scheduled one every notify.dispatch_interval, or one started
+        # right after an evaluation that fired or resolved an alert (so its notification does not wait
+        # up to a dispatch interval for the next round).
+        self._dispatch_lock = asyncio.Lock()
+        self._kicked: set[asyncio.Task[None]] = set()
         writes_back = any("recording" in r.write for r in config.remote_write)
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
@@ -281,11 +287,16 @@ class Agent:
         out = self.config.server.warnings()
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         server, concurrency = self.config.server, self.config.scrape.concurrency
-        need = descriptors_needed(server, concurrency)
+        # concurrency 0: a connection per target (those of the last cycle, or the static ones before it)
+        targets = max(len(self.scraper.targets), len(self._static_targets))
+        scraping = (f"scrape.concurrency ({concurrency})" if concurrency
+                    else f"one per target with scrape.concurrency 0 ({targets})")
+        need = descriptors_needed(server, concurrency or targets)
         if soft != resource.RLIM_INFINITY and need > soft:
             out.append(f"server.max_connections ({server.max_connections}) + 2 x {BACKLOG} accepted at once + "
-                       f"scrape.concurrency ({concurrency}) + {FD_RESERVE} for files = {need} file descriptors, "
-                       f"over the open-file limit ({soft}): raise ulimit -n or lower server.max_connections")
+                       f"{scraping} + {FD_RESERVE} for files = {need} file descriptors, "
+                       f"over the open-file limit ({soft}): raise ulimit -n, set scrape.concurrency "
+                       "or lower server.max_connections")
         return out
 
     # -- jobs ------------------------------------------------------------------------
@@ -370,6 +381,10 @@ class Agent:
                      value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
         await self.act.observe(group, events, now_ms)
         await self._flush_written(now_ms)
+        if self._scheduler is not None and any(e.kind != "pending" for e in events):
+            task = asyncio.create_task(self._dispatch_job())
+            self._kicked.add(task)
+            task.add_done_callback(self._kicked.discard)
 
     def _note_written(self, kind: str, samples: list[Sample]) -> None:
         if self.remote_write is not None and kind in self.remote_write.kinds:
@@ -422,7 +437,8 @@ class Agent:
 
     async def _dispatch_job(self) -> None:
         try:
-            await self.act.tick()
+            async with self._dispatch_lock:
+                await self.act.tick()
         except asyncio.CancelledError:  # shutdown mid-round: the outbox keeps what was not sent
             log.debug("dispatch round cancelled by shutdown")
 
@@ -445,6 +461,9 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------------
     async def start(self, *, serve_http: bool = True) -> None:
         cfg = self.config
+        before, after = raise_open_file_limit()
+        if after != before:
+            log.info("open-file limit raised to the hard limit", soft_before=before, soft=after)
         if serve_http:
             app = build_app(self, cfg.server, self.http_guard)
             self._http = await serve(app, cfg.server, self._accept_log)
@@ -507,6 +526,9 @@ class Agent:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
+        for task in list(self._kicked):  # a round started by an evaluation: the outbox keeps what it did not send
+            task.cancel()
+        await asyncio.gather(*self._kicked, return_exceptions=True)
         await self.scraper.close()
         if self.source is not None:
             await self.source.close()

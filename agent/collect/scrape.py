@@ -1,8 +1,9 @@
 """Scraping vLLM/LMDeploy ``/metrics`` targets into the store, one target never delaying another.
 
-A scrape cycle starts every target's scrape at once (bounded by a concurrency
-semaphore) and each has its own timeout, so a hung or slow target costs the others
-nothing. Per target the scraper keeps what Prometheus keeps:
+A scrape cycle starts every target's scrape at once (``concurrency`` 0) or through a
+semaphore of that many, and each has its own timeout, so a hung or slow target costs the
+others nothing (with a cap, only while fewer targets hang than the cap). Per target the
+scraper keeps what Prometheus keeps:
 
 * a **series cache**: the series text as written (``name{labels}``) -> the store's
   series. A steady-state scrape parses no labels at all: one dict lookup and one
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -139,7 +141,9 @@ class Scraper:
         self._clock = clock
         self._session = session
         self._own_session = session is None
-        self._sem = asyncio.Semaphore(concurrency)
+        # 0: no cap (every target at once); a nullcontext keeps one code path in scrape()
+        self._sem: asyncio.Semaphore | contextlib.nullcontext[None] = (
+            asyncio.Semaphore(concurrency) if concurrency else contextlib.nullcontext())
         self._concurrency = concurrency
         self.targets: dict[str, Target] = {}
         #: Told every sample a scrape stored (staleness markers and ``up``/``scrape_*`` too), one call per
@@ -149,7 +153,7 @@ class Scraper:
     # -- lifecycle ---------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._concurrency, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(limit=self._concurrency, ttl_dns_cache=300)  # 0: no limit
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers={"User-Agent": f"sre-agent/{__version__}"},

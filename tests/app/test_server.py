@@ -64,10 +64,11 @@ print(json.dumps({"closed": closed, "open": len(sel.get_map()), "after_s": round
 """
 
 # Runs the agent with a small open-file limit, so that without the connection cap the attack
-# above would take every descriptor the scraper needs.
+# above would take every descriptor the scraper needs. The hard limit too: the agent raises its
+# soft limit to the hard one at start.
 _AGENT = r"""
 import resource, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
 from agent.cli import main
 sys.exit(main(["run", "--config", sys.argv[1], "--log-format", "json"]))
 """
@@ -422,6 +423,41 @@ def test_exposure_warnings() -> None:
                                       context={"environ": {"T": "x"}})
     [clear] = tok.warnings()
     assert "clear text" in clear
+
+
+_RAISE = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 512))
+from agent.app.server import raise_open_file_limit
+print(json.dumps([raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)]))
+"""
+
+
+def test_open_file_limit_raised_to_the_hard_limit() -> None:
+    """As a Go program does at start: a soft limit of 256 under a hard one of 512 becomes 512."""
+    out = subprocess.run([sys.executable, "-c", _RAISE], capture_output=True, text=True, check=True,
+                         cwd=REPO, timeout=60)
+    assert json.loads(out.stdout) == [[256, 512], [512, 512]]
+
+
+def test_descriptor_warning_counts_a_connection_per_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With scrape.concurrency 0 every target holds a connection: 700 targets under a limit of 1,024 are
+    too many beside the endpoint's 256 + 128 + 64; a cap of 64 fits, and the warning names the way out."""
+    from agent.app import daemon
+
+    monkeypatch.setattr(daemon.resource, "getrlimit", lambda _: (1024, 1024))
+    targets = [{"url": f"http://127.0.0.1:{9000 + i}/metrics"} for i in range(700)]
+
+    def warnings(concurrency: int) -> list[str]:
+        agent = Agent(Config.model_validate({
+            "targets": targets, "scrape": {"concurrency": concurrency}, "nvml": {"enabled": False},
+            "state": {"path": str(tmp_path / f"s{concurrency}.db")}}))
+        return [w for w in agent.server_warnings() if "file descriptors" in w]
+
+    [short] = warnings(0)
+    assert "one per target with scrape.concurrency 0 (700)" in short and "= 1148 file descriptors" in short
+    assert "set scrape.concurrency" in short
+    assert warnings(64) == []
 
 
 async def test_stalled_bodies_make_room_for_new_connections(tmp_path: Path) -> None:

@@ -188,6 +188,55 @@ async def test_hanging_target_does_not_delay_others(http_server: Start) -> None:
     await sc.close()
 
 
+async def _hanging(http_server: Start, n: int) -> tuple[list[str], list[float], asyncio.Event]:
+    """``n`` targets that take the request and answer only on ``release``; ``arrived`` gets each
+    request's arrival time (the server's handler goes on waiting after the scraper gives up)."""
+    arrived: list[float] = []
+    release = asyncio.Event()
+
+    async def hang(_: web.Request) -> web.StreamResponse:
+        arrived.append(time.monotonic())
+        await release.wait()
+        return web.Response(text="")
+
+    return [await http_server(hang) for _ in range(n)], arrived, release
+
+
+async def test_concurrency_zero_scrapes_every_target_at_once(http_server: Start) -> None:
+    """The default, ``scrape.concurrency: 0``: twelve hanging targets are all asked at once (as Prometheus'
+    goroutine per target would), and the healthy one is scraped beside them, not after a slot frees up."""
+    urls, arrived, release = await _hanging(http_server, 12)
+    good_url = await http_server(_reply(GOOD))
+    sc = _scraper(concurrency=0, timeout_s=60.0)
+    sc.set_targets([*(_spec(u) for u in urls), _spec(good_url)])
+    cycle = asyncio.create_task(sc.scrape_all())
+
+    async def all_waiting() -> bool | None:
+        await asyncio.sleep(0.02)
+        return (len(arrived) == 12 and sc.targets[good_url].health == "up") or None
+
+    await eventually(all_waiting, timeout=30, what="twelve hanging requests in flight and the healthy target up")
+    release.set()
+    await cycle
+    await sc.close()
+
+
+async def test_concurrency_caps_the_scrapes_in_flight(http_server: Start) -> None:
+    """``scrape.concurrency: 4`` has at most four scrapes in flight: ten hanging targets with a 1 s timeout
+    arrive in waves of four, each wave a timeout after the one before (lower bounds: a slow machine only
+    widens the gaps)."""
+    urls, arrived, release = await _hanging(http_server, 10)
+    sc = _scraper(concurrency=4, timeout_s=1.0)
+    sc.set_targets([_spec(u) for u in urls])
+    await sc.scrape_all()
+    release.set()
+    assert len(arrived) == 10
+    first = sorted(arrived)
+    assert first[4] - first[0] >= 0.5 and first[8] - first[0] >= 1.5, [round(t - first[0], 2) for t in first]
+    assert all("timed out" in t.last_error for t in sc.targets.values())
+    await sc.close()
+
+
 async def test_connection_refused(http_server: Start) -> None:
     """A closed port is reported as a connection failure."""
     url = await http_server(_reply(GOOD))
