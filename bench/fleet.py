@@ -52,10 +52,10 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-def start_fleet(n: int) -> tuple[subprocess.Popen[str], list[str]]:
+def start_fleet(n: int, scenario: str = "steady") -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent", "simulate", "--port", "0", "--replicas", str(n), "--lmdeploy", "0",
-         "--log-level", "error"],
+         "--scenario", scenario, "--log-level", "error"],
         stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None
@@ -71,12 +71,18 @@ FLEET_CHUNK = 1000
 
 
 @contextmanager
-def running_fleet(n: int) -> Iterator[list[str]]:
-    """``sre-agent simulate`` processes with ``n`` replicas in all; yields their metrics URLs."""
+def running_fleet(n: int, *, incident: int = 0) -> Iterator[list[str]]:
+    """``sre-agent simulate`` processes with ``n`` replicas in all; yields their metrics URLs. The first
+    ``incident`` of them run the ``slow_interconnect`` scenario in a process of their own: from a minute
+    after start their inter-token latency is high, so per-instance alerts are pending on them."""
     procs: list[subprocess.Popen[str]] = []
     urls: list[str] = []
     try:
-        for start in range(0, n, FLEET_CHUNK):
+        if incident:
+            proc, chunk = start_fleet(incident, "slow_interconnect")
+            procs.append(proc)
+            urls += chunk
+        for start in range(incident, n, FLEET_CHUNK):
             proc, chunk = start_fleet(min(FLEET_CHUNK, n - start))
             procs.append(proc)
             urls += chunk
