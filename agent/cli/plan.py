@@ -24,6 +24,7 @@ from typing import Any
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.cli.plan_live import run_live
 from agent.config import parse_size
+from agent.diagnose.plan.memory import MXFP4_BACKENDS
 from agent.diagnose.plan.models import (
     PRESETS,
     ModelSpec,
@@ -76,6 +77,10 @@ def add_parser(sub: Any) -> None:
                                           "default: V1 as in 0.8-0.20; 0.21+ also reserves CUDA graphs)")
     p.add_argument("--sampler", choices=SAMPLERS, help="native (default) or flashinfer: what vLLM logs as "
                                                        "'Using FlashInfer for top-p & top-k sampling'")
+    p.add_argument("--mxfp4-backend", choices=MXFP4_BACKENDS,
+                   help="the MoE kernels that load mxfp4 experts (gpt-oss), which pad them differently: auto "
+                        "(default: marlin on A100/L40S/RTX, flashinfer on B200, triton on H100/H200), or what "
+                        "vLLM logs ('Using Marlin backend', 'leveraging the Marlin kernel')")
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", help="A100-40GB, A100-80GB, H100, H200, L40S or RTX-4090")
     gpu.add_argument("--gpu-memory", help="memory of one GPU, e.g. 80GiB or 48GB")
@@ -159,6 +164,8 @@ def build_input(args: argparse.Namespace) -> tuple[PlanInput, list[str]]:
         options.setdefault("max_num_seqs", default_max_num_seqs(total, gpu_name, accounting))
         if args.sampler:
             options["sampler"] = args.sampler
+        if args.mxfp4_backend:
+            options["mxfp4_backend"] = args.mxfp4_backend
     inp = PlanInput(model=model, gpu_memory_bytes=total, engine=engine, gpu=gpu_name)
     try:
         return replace(inp, **options), notes

@@ -369,7 +369,7 @@ async def test_a_firing_alert_is_sent_without_waiting_for_the_dispatch_round(fle
 
             await eventually(delivered, timeout=60, what="the firing alert at the webhook")
             fired = [e for e in agent.events if e.kind == "firing"]
-            assert fired and fired[0].at_ms - [e for e in agent.events if e.kind == "pending"][0].at_ms >= 2000
+            assert fired and fired[0].at_ms - next(e for e in agent.events if e.kind == "pending").at_ms >= 2000
         finally:
             await agent.stop()
 

@@ -43,7 +43,10 @@ that fits a given number of sequences. What to recommend from them is
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from agent.diagnose.plan.kvcache import KVLayout, hybrid_groups, mla_block_size
 from agent.diagnose.plan.models import ModelSpec
@@ -71,6 +74,8 @@ __all__ = [
     "LMDEPLOY_SCALE_BYTES",
     "MAX_UTILIZATION",
     "MULTI_GPU_EXTRA_BYTES",
+    "MXFP4_BACKENDS",
+    "MXFP4_LAYOUTS",
     "QUANTIZATIONS",
     "GiB",
     "MemoryNumbers",
@@ -83,6 +88,7 @@ __all__ = [
     "kv_layout",
     "max_model_len_for",
     "memory_numbers",
+    "mxfp4_backend",
     "utilization_for",
     "validate",
     "weight_bytes",
@@ -92,7 +98,17 @@ GiB = 2**30
 ENGINES = ("vllm", "lmdeploy")
 QUANTIZATIONS = METHODS
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
-MXFP4_PAD = 256  # vLLM pads mxfp4 experts' width per TP rank to this (round_up in Mxfp4MoEMethod)
+#: How vLLM's ``Mxfp4MoEMethod.create_weights`` pads the mxfp4 experts for each MoE backend: (the
+#: intermediate width per TP rank, the hidden width) rounded up to these multiples. Marlin (Ampere, Ada,
+#: consumer Blackwell, and Hopper builds without triton_kernels) pads both: gpt-oss's 2880 x 2880
+#: becomes 2944 x 3072. The Triton layout is what vLLM 0.11's logs on an H100 add up to.
+MXFP4_LAYOUTS: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {"triton": (256, 1), "marlin": (128, 256), "flashinfer": (256, 256)})
+MXFP4_BACKENDS = ("auto", *MXFP4_LAYOUTS)
+#: GPUs whose mxfp4 MoE runs through Marlin: no triton_kernels (SM90-SM10x only) and no FlashInfer
+#: mxfp4 path (SM100 family only): Ampere, Ada, and SM120 (RTX 50xx, RTX PRO 6000 Blackwell).
+_MARLIN_GPUS = re.compile(r"a100|a800|a10g?\b|a30\b|a40\b|a[456]000|l4\b|l40|rtx|geforce|\b[345]0[6-9]0\b")
+_SM100_GPUS = re.compile(r"\bg?b[123]00\b")
 # KV element width in bits. "auto" follows the model dtype; int4 is LMDeploy's --quant-policy 4.
 KV_CACHE_DTYPES = {"auto": 16, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}
 _DTYPES = ("auto", "float16", "bfloat16", "float32", "half")
@@ -132,6 +148,7 @@ class PlanInput:
     disable_hybrid_kv_cache_manager: bool = False
     vllm_accounting: str = "v1"
     sampler: str = "native"
+    mxfp4_backend: str = "auto"
 
     @property
     def effective_max_model_len(self) -> int:
@@ -173,18 +190,31 @@ def weight_bytes(model: ModelSpec, quantization: str = "none", dtype: str = "aut
     return int((model.num_params - quantized + pad) * 2 + quantized * bytes_per_weight(scheme))
 
 
+def mxfp4_backend(inp: PlanInput) -> str:
+    """The MoE backend vLLM picks for mxfp4 experts on ``inp.gpu`` (``inp.mxfp4_backend`` unless
+    ``auto``): Marlin on :data:`_MARLIN_GPUS`, FlashInfer on B100/B200/B300, else Triton (Hopper;
+    also an unnamed GPU)."""
+    if inp.mxfp4_backend != "auto":
+        return inp.mxfp4_backend
+    name = inp.gpu.lower()
+    if _SM100_GPUS.search(name):
+        return "flashinfer"
+    return "marlin" if _MARLIN_GPUS.search(name) else "triton"
+
+
 def expert_padding_bytes(inp: PlanInput) -> int:
-    """Per GPU, what mxfp4's MoE kernels add by padding each expert's width per TP rank to a
-    multiple of :data:`MXFP4_PAD` (vLLM's ``Mxfp4MoEMethod.create_weights`` on Hopper and
-    Blackwell: gpt-oss's 2880 becomes 3072, 6.7 % more expert weight)."""
+    """Per GPU, what mxfp4's MoE kernels add by padding each expert's matrices (:data:`MXFP4_LAYOUTS`):
+    on Triton gpt-oss's 2880-wide experts become 3072 wide (6.7 % more expert weight), on Marlin
+    2944 x 3072 (9.0 % more)."""
     m = inp.model
     scheme = _scheme(m, inp.quantization)
     if not (scheme.experts_only and m.is_moe and m.moe_intermediate_size):
         return 0
+    inner, outer = MXFP4_LAYOUTS[mxfp4_backend(inp)]
     width = m.moe_intermediate_size / inp.tensor_parallel_size
-    padded = math.ceil(width / MXFP4_PAD) * MXFP4_PAD
+    grown = (math.ceil(width / inner) * inner / width) * (math.ceil(m.hidden_size / outer) * outer / m.hidden_size)
     share = m.expert_params / (inp.tensor_parallel_size * inp.pipeline_parallel_size)
-    return int(share * (padded / width - 1) * bytes_per_weight(scheme))
+    return int(share * (grown - 1) * bytes_per_weight(scheme))
 
 
 def _scheme(model: ModelSpec, quantization: str) -> QuantScheme:
@@ -208,6 +238,8 @@ def validate(inp: PlanInput) -> None:
         problems.append(f"vllm_accounting must be one of {', '.join(ACCOUNTINGS)}")
     if inp.sampler not in SAMPLERS:
         problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
+    if inp.mxfp4_backend not in MXFP4_BACKENDS:
+        problems.append(f"mxfp4_backend must be one of {', '.join(MXFP4_BACKENDS)}")
     if inp.dtype not in _DTYPES:
         problems.append(f"dtype must be one of {', '.join(_DTYPES)}")
     if inp.gpu_memory_bytes <= 0:

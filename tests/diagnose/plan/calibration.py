@@ -234,6 +234,7 @@ def predict(case: Case) -> Prediction:
                     pipeline_parallel_size=int(flags.get("pipeline_parallel_size", 1)),
                     max_model_len=flags.get("max_model_len"), max_num_seqs=int(seqs), vllm_accounting=accounting,
                     sampler=str(flags.get("sampler", "native")),
+                    mxfp4_backend=str(flags.get("mxfp4_backend", "auto")),
                     gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)), quantization=quant,
                     kv_cache_dtype=str(flags.get("kv_cache_dtype", "auto")), block_size=case.block_size,
                     max_num_batched_tokens=flags.get("max_num_batched_tokens"), gpu=case.gpu)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.diagnose.plan.memory import PlanInput, expert_padding_bytes, memory_numbers, weight_bytes
+from agent.diagnose.plan.memory import PlanInput, expert_padding_bytes, memory_numbers, mxfp4_backend, weight_bytes
 from agent.diagnose.plan.models import PRESETS, ModelSpec, gpu_memory_bytes, load_model_config
 from agent.diagnose.plan.quant import QuantScheme, bytes_per_weight, default_scheme, scheme_from_config
 from tests.conftest import FIXTURES
@@ -97,3 +97,34 @@ def test_mxfp4_experts_padded_to_256_per_tp_rank() -> None:
     weights = memory_numbers(one).weights / 2**30
     assert abs(weights - 64.38) / 64.38 < 0.01
     assert expert_padding_bytes(PlanInput(PRESETS["Llama-3-8B"], gpu_memory_bytes("H100"), quantization="awq")) == 0
+
+
+def _vllm_expert_bytes(experts: int, inner: int, hidden: int) -> int:
+    """One layer's mxfp4 expert tensors as ``Mxfp4MoEMethod.create_weights`` allocates them for a padded
+    intermediate width per rank (``inner``) and hidden width: w13 and w2 at two values per byte, one e8m0
+    scale byte per 32 values (the bf16 biases left out, as the planner leaves them)."""
+    w13 = experts * 2 * inner * (hidden // 2 + hidden // 32)
+    w2 = experts * hidden * (inner // 2 + inner // 32)
+    return w13 + w2
+
+
+@pytest.mark.parametrize(("gpu", "tp", "backend", "inner", "hidden"), [
+    ("H100", 1, "triton", 3072, 2880),       # the layout vLLM 0.11's H100 logs add up to
+    ("A100-80GB", 1, "marlin", 2944, 3072),  # Marlin: intermediate to 128, hidden to 256
+    ("4x A100-80GB", 4, "marlin", 768, 3072),
+    ("RTX PRO 6000 Blackwell", 1, "marlin", 2944, 3072),  # SM120: no triton_kernels, no FlashInfer mxfp4
+    ("B200", 1, "flashinfer", 3072, 3072),
+    ("H100", 1, "marlin", 2944, 3072),       # an H100 build without triton_kernels, told so
+])
+def test_mxfp4_padding_follows_the_moe_backend(gpu: str, tp: int, backend: str, inner: int, hidden: int) -> None:
+    """gpt-oss-120b's experts per GPU grow by what vLLM's padded tensors hold beyond the unpadded ones
+    (36 layers of 128 experts, 2880 x 2880), to within 0.1 %; auto picks the backend from the GPU's name."""
+    spec = load_model_config(PLANNER / "gpt-oss-120b.config.json")
+    told = "marlin" if gpu == "H100" and backend == "marlin" else "auto"
+    inp = PlanInput(spec, gpu_memory_bytes("H100"), quantization="mxfp4", tensor_parallel_size=tp, gpu=gpu,
+                    mxfp4_backend=told)
+    assert mxfp4_backend(inp) == backend
+    layers, experts = 36, 128
+    unpadded = experts * 3 * 2880 / tp * 2880 * (0.5 + 1 / 32)  # the checkpoint's share: gate, up and down
+    grown = layers * (_vllm_expert_bytes(experts, inner, hidden) - unpadded)
+    assert abs(expert_padding_bytes(inp) - grown) / grown < 0.001, (expert_padding_bytes(inp), grown)
