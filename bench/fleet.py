@@ -97,7 +97,7 @@ def running_fleet(n: int, *, incident: int = 0) -> Iterator[list[str]]:
 
 async def bench_agent(urls: list[str], cycles: int, interval: float) -> dict[str, float]:
     store = Store(3_600_000, keep_list(Config()))
-    scraper = Scraper(store, timeout_s=interval, body_limit=16 << 20, concurrency=0)
+    scraper = Scraper(store, timeout_s=interval, body_limit=16 << 20, concurrency=256)
     scraper.set_targets(
         TargetSpec(u, (("instance", instance_of(u)), ("job", "vllm"))) for u in urls
     )

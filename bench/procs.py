@@ -118,7 +118,7 @@ def agent_config(urls: list[str], interval: float, timeout: float, *, port: int,
     """``sre-agent run``'s config for the bench: the fleet, the rules, no NVML."""
     return {
         "targets": [{"url": u} for u in urls],
-        "scrape": {"interval": ms(interval), "timeout": ms(timeout), "concurrency": 0},
+        "scrape": {"interval": ms(interval), "timeout": ms(timeout), "concurrency": 256},
         "rules": {"files": rules},
         "nvml": {"enabled": "false"},
         "server": {"listen": f"127.0.0.1:{port}"},

@@ -24,9 +24,9 @@ aiohttp internals are touched:
   the newcomer turned away (``503``). An attacker's half-sent requests therefore age out in
   favour of fresh ones (a probe's). The process holds at most the cap plus two accept batches
   (asyncio accepts up to the listen backlog, 64, before any protocol runs, and an evicted
-  socket's descriptor is freed one loop turn later): 256 + 2 x 64 + 64 for the state database,
-  logs and sinks = 448, plus the scraper's connection per target (or ``scrape.concurrency``). The
-  daemon raises its soft ``ulimit -n`` to the hard limit at start and warns (also in
+  socket's descriptor is freed one loop turn later): 256 + 2 x 64 + the scraper's 256 + 64 for
+  the state database, logs and sinks = 704 (with ``scrape.concurrency: 0``, one per target instead
+  of 256). The daemon raises its soft ``ulimit -n`` to the hard limit at start and warns (also in
   ``/api/v1/status``) when that is still lower than the sum.
 * **accept errors**: should the process still run out of descriptors, asyncio reports every
   failed ``accept()`` (EMFILE) through the loop's exception handler with a traceback, once a

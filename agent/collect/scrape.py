@@ -1,8 +1,8 @@
 """Scraping vLLM/LMDeploy ``/metrics`` targets into the store, one target never delaying another.
 
-A scrape cycle starts every target's scrape at once (``concurrency`` 0) or through a
-semaphore of that many, and each has its own timeout, so a hung or slow target costs the
-others nothing (with a cap, only while fewer targets hang than the cap). Per target the
+A scrape cycle starts every target's scrape through a semaphore of ``concurrency`` slots
+(0: all at once), the slowest of the last cycle first, and each has its own timeout, so a
+hung or slow target costs the others nothing while fewer hang than there are slots. Per target the
 scraper keeps what Prometheus keeps:
 
 * a **series cache**: the series text as written (``name{labels}``) -> the store's
@@ -186,7 +186,10 @@ class Scraper:
     async def scrape_all(self) -> None:
         # scrape() never raises; return_exceptions is the second guard, so that even a failure in
         # recording a failure (the store itself broken) ends that target's scrape, not the cycle.
-        targets = list(self.targets.values())
+        # The slowest first (by their last scrape): under the concurrency cap, targets that hang until the
+        # timeout then wait it out together from the start of the cycle, beside the fast ones, instead of
+        # taking slots late and stretching the cycle by a timeout each time they come round.
+        targets = sorted(self.targets.values(), key=lambda t: t.duration_s, reverse=True)
         results = await asyncio.gather(*(self.scrape(t) for t in targets), return_exceptions=True)
         for target, result in zip(targets, results, strict=True):
             if isinstance(result, Exception):

@@ -203,8 +203,8 @@ async def _hanging(http_server: Start, n: int) -> tuple[list[str], list[float], 
 
 
 async def test_concurrency_zero_scrapes_every_target_at_once(http_server: Start) -> None:
-    """The default, ``scrape.concurrency: 0``: twelve hanging targets are all asked at once (as Prometheus'
-    goroutine per target would), and the healthy one is scraped beside them, not after a slot frees up."""
+    """``scrape.concurrency: 0``: twelve hanging targets are all asked at once (as Prometheus' goroutine
+    per target would), and the healthy one is scraped beside them, not after a slot frees up."""
     urls, arrived, release = await _hanging(http_server, 12)
     good_url = await http_server(_reply(GOOD))
     sc = _scraper(concurrency=0, timeout_s=60.0)
@@ -234,6 +234,29 @@ async def test_concurrency_caps_the_scrapes_in_flight(http_server: Start) -> Non
     first = sorted(arrived)
     assert first[4] - first[0] >= 0.5 and first[8] - first[0] >= 1.5, [round(t - first[0], 2) for t in first]
     assert all("timed out" in t.last_error for t in sc.targets.values())
+    await sc.close()
+
+
+async def test_the_slowest_targets_of_the_last_cycle_start_first(http_server: Start) -> None:
+    """With two slots, two targets that hung in the last cycle are asked first in the next, so they wait
+    out their timeouts together from its start rather than after the fast ones."""
+    fast_at: list[float] = []
+
+    async def fast(_: web.Request) -> web.StreamResponse:
+        fast_at.append(time.monotonic())
+        return web.Response(text=GOOD, content_type="text/plain")
+
+    hung, hung_at, release = await _hanging(http_server, 2)
+    fast_urls = [await http_server(fast) for _ in range(4)]
+    sc = _scraper(concurrency=2, timeout_s=0.5)
+    sc.set_targets([*(_spec(u) for u in fast_urls), *(_spec(u) for u in hung)])  # the hanging ones last
+    await sc.scrape_all()
+    assert len(fast_at) == 4 and len(hung_at) == 2 and max(fast_at) < min(hung_at)  # the order given
+    await sc.scrape_all()
+    release.set()
+    assert len(fast_at) == 8 and len(hung_at) == 4
+    assert max(hung_at[2:]) < min(fast_at[4:])  # now both hanging targets first
+    assert all("timed out" in sc.targets[u].last_error for u in hung)
     await sc.close()
 
 
