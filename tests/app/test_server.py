@@ -104,7 +104,7 @@ async def test_half_sent_requests_neither_starve_healthz_nor_the_scraper(tmp_pat
     port = _free_port()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(json.dumps({
-        "targets": [{"url": target}], "scrape": {"interval": "1s", "timeout": "1s"},
+        "targets": [{"url": target}], "scrape": {"interval": "1s", "timeout": "1s", "concurrency": 64},
         "server": {"listen": f"127.0.0.1:{port}", "max_connections": 100, "header_timeout": "3s"},
         "nvml": {"enabled": False}, "state": {"path": str(tmp_path / "s.db")},
     }), encoding="utf-8")
