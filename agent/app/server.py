@@ -401,9 +401,10 @@ def descriptors_needed(config: ServerConfig, scrape_connections: int) -> int:
 
 def raise_open_file_limit() -> tuple[int, int]:
     """Raise the soft open-file limit to the hard one, as Go programs (Prometheus, vmagent) do at
-    start: the soft limit is often 1,024 while the hard one is far higher, and scraping every target
-    at once takes a descriptor per target. Returns the soft limit (before, after); unchanged where
-    the system refuses (then the start-up warning says what is short)."""
+    start: the soft limit is often 1,024 while the hard one is far higher, and the scraper's
+    connections (``scrape.concurrency``, or one per target with 0) come out of it. Returns the soft
+    limit (before, after); unchanged where the system refuses (the start-up warning then says what
+    is short)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if resource.RLIM_INFINITY in (hard, soft) or soft >= hard:
         return soft, soft  # nothing to gain (an infinite hard limit: leave the soft one, as Go does)

@@ -155,7 +155,8 @@ class ScrapeConfig(ConfigModel):
     # until the timeout wait it out together); 0 = every target at once, as Prometheus' goroutine per
     # target. Measured at 1,000 targets on 2 vCPUs: 64 with 100 hanging targets ran 4 of 12 cycles in a
     # minute; 0 with no hanging target but a busy loop timed out 3,644 healthy scrapes a minute (replies
-    # that had arrived waited behind other targets' parsing); 256 timed out none and ran 6 of 12.
+    # that had arrived waited behind other targets' parsing); 256 timed out no healthy scrape, and ran 7
+    # of 12 cycles (6 with the 100 hanging targets).
     concurrency: int = Field(default=256, ge=0, le=100_000,
                              description="scrapes in flight at once; 0 = every target at once")
     # Per-target limits, Prometheus' scrape_config names and messages; over one, the scrape fails and
