@@ -253,3 +253,19 @@ def test_vllm_defaults_follow_the_gpu_and_version(capsys: pytest.CaptureFixture[
     assert (h100["max_num_seqs"], a100["max_num_seqs"]) == (1024, 256)
     assert v021["overhead_gib"] == pytest.approx(h100["overhead_gib"] + 0.5, abs=0.002)
     assert fi["overhead_gib"] < h100["overhead_gib"] - 3
+
+
+def test_mxfp4_backend_follows_the_gpu_or_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-120b: on an A100 the experts are padded as Marlin pads them, on an H100 as Triton does
+    (64.50 GiB, what vLLM 0.11 logs as 64.38); --mxfp4-backend marlin on the H100 gives the A100's
+    weights, the 65.97 GiB a Marlin build logs there (tests/fixtures/planner/calibration/)."""
+    argv = ["--model-config", str(PLANNER / "gpt-oss-120b.config.json"), "--max-model-len", "8192"]
+    _, a100 = _json(capsys, *argv, "--gpu", "A100-80GB")
+    _, h100 = _json(capsys, *argv, "--gpu", "H100")
+    _, marlin = _json(capsys, *argv, "--gpu", "H100", "--mxfp4-backend", "marlin")
+    assert abs(h100["weights_gib_per_gpu"] - 64.38) < 0.2
+    assert abs(marlin["weights_gib_per_gpu"] - 65.97) < 0.2
+    assert marlin["weights_gib_per_gpu"] == pytest.approx(a100["weights_gib_per_gpu"], abs=0.01)
+    with pytest.raises(SystemExit) as exc:  # argparse names the choices
+        main(["plan", "--json", *argv, "--gpu", "H100", "--mxfp4-backend", "cutlass"])
+    assert exc.value.code == 2 and "--mxfp4-backend" in capsys.readouterr().err
