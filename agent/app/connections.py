@@ -39,6 +39,7 @@ TLS handshakes happen before the proxy sees a connection; they are bounded by as
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -47,7 +48,7 @@ from typing import Any, Literal
 import structlog
 from aiohttp import web
 
-__all__ = ["AcceptErrorLog", "ConnectionGuard", "guard_middleware"]
+__all__ = ["AcceptErrorLog", "ConnectionGuard", "guard_middleware", "raise_open_file_limit"]
 
 log = structlog.get_logger(__name__)
 
@@ -269,3 +270,19 @@ class AcceptErrorLog:
                     error=str(exc) if exc is not None else "", similar_since_last=self._suppressed)
         self._last = now
         self._suppressed = 0
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as Go programs (Prometheus, vmagent) do at
+    start: the soft limit is often 1,024 while the hard one is far higher, and the scraper's
+    connections (``scrape.concurrency``, or one per target with 0) come out of it. Returns the soft
+    limit (before, after); unchanged where the system refuses (the start-up warning then says what
+    is short)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if resource.RLIM_INFINITY in (hard, soft) or soft >= hard:
+        return soft, soft  # nothing to gain (an infinite hard limit: leave the soft one, as Go does)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, hard

@@ -30,7 +30,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from agent.act import ActCollector, ActLayer
 from agent.act.remote_write import RemoteWrite, RemoteWriteCollector, Sample
-from agent.app.connections import AcceptErrorLog
+from agent.app.connections import AcceptErrorLog, raise_open_file_limit
 from agent.app.ha import Elector, LeaderCollector, ha_status, leadership_for, start_elector
 from agent.app.recording import RecordingPlacement
 from agent.app.served import ServedLengths
@@ -42,7 +42,6 @@ from agent.app.server import (
     build_app,
     descriptors_needed,
     new_guard,
-    raise_open_file_limit,
     serve,
     server_status,
 )

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import resource
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -64,7 +63,6 @@ __all__ = [
     "build_app",
     "descriptors_needed",
     "new_guard",
-    "raise_open_file_limit",
     "serve",
     "server_status",
 ]
@@ -397,22 +395,6 @@ async def serve(app: web.Application, config: ServerConfig, accept_log: AcceptEr
 def descriptors_needed(config: ServerConfig, scrape_connections: int) -> int:
     """The open-file budget the endpoint and the scraper need together (compare with ``ulimit -n``)."""
     return config.max_connections + 2 * BACKLOG + scrape_connections + FD_RESERVE
-
-
-def raise_open_file_limit() -> tuple[int, int]:
-    """Raise the soft open-file limit to the hard one, as Go programs (Prometheus, vmagent) do at
-    start: the soft limit is often 1,024 while the hard one is far higher, and the scraper's
-    connections (``scrape.concurrency``, or one per target with 0) come out of it. Returns the soft
-    limit (before, after); unchanged where the system refuses (the start-up warning then says what
-    is short)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if resource.RLIM_INFINITY in (hard, soft) or soft >= hard:
-        return soft, soft  # nothing to gain (an infinite hard limit: leave the soft one, as Go does)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):
-        return soft, soft
-    return soft, hard
 
 
 def server_status(config: ServerConfig, guard: ConnectionGuard | None) -> dict[str, Any]:

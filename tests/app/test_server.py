@@ -428,7 +428,7 @@ def test_exposure_warnings() -> None:
 _RAISE = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 512))
-from agent.app.server import raise_open_file_limit
+from agent.app.connections import raise_open_file_limit
 print(json.dumps([raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)]))
 """
 
