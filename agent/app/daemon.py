@@ -148,11 +148,6 @@ class Agent:
         self._remote_restored: set[str] = set()
         self._pruned_ms = 0  # the first retention job prunes the state database
         self._evaluating: set[int] = set()  # groups being evaluated now (the first run and the grid's may meet)
-        # One dispatch round at a time: the scheduled one every notify.dispatch_interval, or one started
-        # right after an evaluation that fired or resolved an alert (so its notification does not wait
-        # up to a dispatch interval for the next round).
-        self._dispatch_lock = asyncio.Lock()
-        self._kicked: set[asyncio.Task[None]] = set()
         writes_back = any("recording" in r.write for r in config.remote_write)
         self.recording = RecordingPlacement(config.source, self.rules.groups, writes_back=writes_back)
         self.events: deque[AlertEvent] = deque(maxlen=1000)
@@ -380,10 +375,6 @@ class Agent:
                      value=e.alert.value, summary=e.alert.annotations.get("summary", ""))
         await self.act.observe(group, events, now_ms)
         await self._flush_written(now_ms)
-        if self._scheduler is not None and any(e.kind != "pending" for e in events):
-            task = asyncio.create_task(self._dispatch_job())
-            self._kicked.add(task)
-            task.add_done_callback(self._kicked.discard)
 
     def _note_written(self, kind: str, samples: list[Sample]) -> None:
         if self.remote_write is not None and kind in self.remote_write.kinds:
@@ -436,8 +427,7 @@ class Agent:
 
     async def _dispatch_job(self) -> None:
         try:
-            async with self._dispatch_lock:
-                await self.act.tick()
+            await self.act.tick()
         except asyncio.CancelledError:  # shutdown mid-round: the outbox keeps what was not sent
             log.debug("dispatch round cancelled by shutdown")
 
@@ -525,9 +515,6 @@ class Agent:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
-        for task in list(self._kicked):  # a round started by an evaluation: the outbox keeps what it did not send
-            task.cancel()
-        await asyncio.gather(*self._kicked, return_exceptions=True)
         await self.scraper.close()
         if self.source is not None:
             await self.source.close()

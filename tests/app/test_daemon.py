@@ -347,33 +347,6 @@ async def test_no_state_query_runs_on_the_event_loop(fleet: Fleet, tmp_path: Pat
     assert {"INSERT", "COMMIT", "SELECT", "DELETE"} <= on_writer
 
 
-async def test_a_firing_alert_is_sent_without_waiting_for_the_dispatch_round(fleet: Fleet, tmp_path: Path) -> None:
-    """The evaluation that fires an alert starts a dispatch round itself: with notify.dispatch_interval at
-    an hour, the webhook still gets the alert. ``for: 2s`` makes it fire well after the first scheduled
-    round (which runs at start), so only the round the evaluation started can have sent it."""
-    from tests.receivers import RecordingServer
-
-    rules = tmp_path / "r.rules.yaml"
-    rules.write_text("groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: A\n"
-                     "        expr: vector(1)\n        for: 2s\n")
-    async with RecordingServer() as hook:
-        config = _config(fleet, rules={"files": [str(rules)]}, state={"path": str(tmp_path / "s.db")},
-                         receivers=[{"name": "hook", "webhook": {"url": hook.url()}}],
-                         route={"receiver": "hook", "group_wait": "0s"}, notify={"dispatch_interval": "1h"})
-        agent = Agent(config, nvml_module=FakeNvml().module, hostname="n")
-        await agent.start()
-        try:
-            async def delivered() -> bool | None:
-                await asyncio.sleep(0.05)
-                return bool(hook.requests) or None
-
-            await eventually(delivered, timeout=60, what="the firing alert at the webhook")
-            fired = [e for e in agent.events if e.kind == "firing"]
-            assert fired and fired[0].at_ms - next(e for e in agent.events if e.kind == "pending").at_ms >= 2000
-        finally:
-            await agent.stop()
-
-
 # --- differential test against Prometheus ---------------------------------------------------------------------------
 
 #: One pending alert per value (``for: 1h`` keeps them pending), each named after what it holds.
