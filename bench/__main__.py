@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import platform
 import shutil
@@ -68,6 +69,7 @@ def whole_rows(a: Window, prom: Window | None, vm: Window | None, interval: floa
     p = prom or Window()
     v = vm or Window()
     cpu = a.cpu_per_interval_s
+    peers_up = [x for x in (p.up, v.up) if math.isfinite(x)]  # a missing peer has none
     return [
         Row(f"agent vs Prometheus: CPU per {interval:g} s interval, {n} targets", "CPU s", cpu,
             p.cpu_per_interval_s, cpu / p.cpu_per_interval_s, ("<=", 0.6),
@@ -82,6 +84,11 @@ def whole_rows(a: Window, prom: Window | None, vm: Window | None, interval: floa
         Row("agent vs vmagent + victoria-metrics + vmalert: CPU per interval", "CPU s", cpu,
             v.cpu_per_interval_s, cpu / v.cpu_per_interval_s, ("<=", 1.0),
             note=f"the stack's RSS {v.rss_mib * 1.048576:.0f} MB (three processes)"),
+        Row("targets up at the window's end, the fewest of the three", "targets", a.up, min(peers_up, default=None),
+            min([a.up, *peers_up]) / n, ("==", 1.0),
+            note=f"ours, then the fewer of Prometheus ({p.up:.0f}) and the VM stack ({v.up:.0f}); ratio = the fewest "
+                 f"of the three / {n} targets: below 1, a contender's scrapes failed (the simulator too slow for it) "
+                 "and the CPU rows above compare unequal work"),
         Row("rules: one evaluation of the bundled rule set", "ms", a.eval_s * 1000, p.eval_s * 1000,
             a.eval_s / p.eval_s, ("<=", 1.0),
             note="sum over groups of sre_agent_rule_group_last_duration_seconds vs "

@@ -21,6 +21,7 @@ import math
 import statistics
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ class Window:
     late: float = math.nan  # sampled cycles that took longer than the interval
     max_cycle_s: float = math.nan
     missed_evals: float = math.nan  # rule-group iterations missed (Prometheus' own counter)
+    up: float = math.nan  # targets whose last scrape succeeded, at the window's end
     # (alertname, instance) of the agent's active alerts (pending or firing): in every poll of the window, in any
     always: set[tuple[str, str]] = field(default_factory=set)
     ever: set[tuple[str, str]] = field(default_factory=set)
@@ -100,6 +102,13 @@ def _watch(pids: list[int], urls: list[str], job: Job) -> tuple[float, float, fl
     return c1 - c0, sum(rss_mib(p) for p in pids), t1 - t0, polls
 
 
+def _sum_of_up(base: str) -> float:
+    """``sum(up)`` from a Prometheus-compatible query API at ``base`` (Prometheus, VictoriaMetrics)."""
+    body = json.loads(get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": "sum(up)"})))
+    result = body["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
 def _active(body: str) -> set[tuple[str, str]]:
     alerts = json.loads(body)["data"]["alerts"]
     return {(a["labels"].get("alertname", ""), a["labels"].get("instance", "")) for a in alerts}
@@ -122,6 +131,7 @@ def measure_agent(job: Job) -> Window:
     return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss, eval_s=statistics.mean(evals),
                   cycles=cycles - cycles0, expected=math.floor(secs / interval) - 1,
                   late=sum(d > interval for d in durations), max_cycle_s=max(durations),
+                  up=_sum(texts[-1], "sre_agent_target_up"),
                   # always: from the second poll, 15 s into the window (a rate over a fresh store needs a
                   # few scrapes and a recording-rule round before an alert can be pending)
                   always=set.intersection(*(active[1:] or active)), ever=set.union(*active))
@@ -134,12 +144,13 @@ def measure_prometheus(binary: str, job: Job) -> Window:
             running_prometheus(binary, job.urls, interval, job.timeout,
                                rules=rule_copies(Path(tmp), job.group_interval), work=Path(tmp)) as (port, pid):
         cpu, rss, secs, polls = _watch([pid], [f"http://127.0.0.1:{port}/metrics"], job)
+        up = _sum_of_up(f"http://127.0.0.1:{port}")
     texts = [m for (m,) in polls]
     evals = [_sum(t, "prometheus_rule_group_last_duration_seconds") for t in texts]
     missed = (_sum(texts[-1], "prometheus_rule_group_iterations_missed_total")
               - _sum(texts[0], "prometheus_rule_group_iterations_missed_total"))
     return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss, eval_s=statistics.mean(evals),
-                  missed_evals=missed)
+                  missed_evals=missed, up=up)
 
 
 def measure_vm_stack(job: Job) -> Window:
@@ -151,4 +162,5 @@ def measure_vm_stack(job: Job) -> Window:
         with running_vm_stack(job.urls, interval, job.timeout, rules, work) as stack:
             pids = [pid for _, pid in stack.values()]
             cpu, rss, secs, _ = _watch(pids, [f"http://127.0.0.1:{stack['vmalert'][0]}/metrics"], job)
-    return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss)
+            up = _sum_of_up(f"http://127.0.0.1:{stack['victoria-metrics'][0]}")
+    return Window(cpu_s=cpu, intervals=secs / interval, rss_mib=rss, up=up)

@@ -29,6 +29,7 @@ EXPECTED = {
     "agent RSS": 1,
     "agent ticks late or missed": 1,
     "agent vs vmagent + victoria-metrics + vmalert": 1,
+    "targets up at the window's end": 1,
     "rules: ": 1,
     "Prometheus mode: ": 1,
     "faults: ": 3,
