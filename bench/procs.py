@@ -8,7 +8,6 @@ their own ``/metrics`` over HTTP on 127.0.0.1. Used by ``bench/whole.py`` (``pyt
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,21 +25,7 @@ from fleet import _free_port  # type: ignore[import-not-found]
 from agent.collect.discovery import instance_of
 from agent.config import bundled_rules_dir
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def get(url: str, timeout: float = 30.0) -> str:
