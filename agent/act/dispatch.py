@@ -331,12 +331,10 @@ class Dispatcher:
             for receiver in receivers:
                 k = (receiver, snap.fingerprint)
                 sent = am_sent.get(k)
-                if sent is not None:  # sent within the delay
-                    if not resolved:  # still (or again) firing: nothing new; a later resolve is news
-                        am_sent[k] = (sent[0], False)
-                        continue
-                    if sent[1]:
-                        continue
+                # Sent within the delay in the same state: nothing new. A resolve is news, and so is a
+                # firing after a resolve: Prometheus makes a new alert of it, never sent yet.
+                if sent is not None and sent[1] == resolved:
+                    continue
                 am_sent[k] = (now_ms, resolved)
                 valid_ms = VALIDITY_FACTOR * int(max(interval_s, self._am_resend_s[receiver]) * 1000)
                 out = snap if resolved else replace(snap, ends_at_ms=now_ms + valid_ms)

@@ -61,11 +61,12 @@ def spec(name: str, fire_s: float, resolve_s: float | None = None, **labels: str
 
 
 def evaluate(specs: list[Spec], s: float, t0: float) -> tuple[list[AlertEvent], list[Alert]]:
-    """The events and alerts of one evaluation at ``s``: firing once fired, inactive (kept) once resolved."""
+    """The events and alerts of one evaluation at ``s``: firing once fired, inactive (kept) once resolved.
+    Specs of one alert (name and labels) follow each other: the last one fired by ``s`` is the alert."""
     events, alerts = [], []
-    for sp in specs:
-        if s < sp.fire_s:
-            continue
+    latest = {(sp.name, tuple(sorted(sp.labels.items()))): sp for sp in sorted(specs, key=lambda sp: sp.fire_s)
+              if sp.fire_s <= s}
+    for sp in latest.values():
         resolved = sp.resolve_s is not None and s >= sp.resolve_s
         a = Alert(labels=labels_from(None, {"alertname": sp.name, **sp.labels}),
                   annotations={"summary": f"{sp.name} summary"}, value=1.0,
@@ -296,6 +297,22 @@ async def test_alertmanager_resend_times_and_one_queue_per_url(db: StateDB, sess
     latest = sorted((a["labels"]["alertname"], a["startsAt"], a["endsAt"]) for a in am1.posts()[0].json())
     assert latest == [("X", iso_ms(T0), iso_ms(T0 + 165)), ("Y", iso_ms(T0 + 30), iso_ms(T0 + 420))]
     assert db.outbox.depth() == {}
+
+
+async def test_alertmanager_gets_a_refire_at_once_after_a_resolve(db: StateDB, session: aiohttp.ClientSession,
+                                                                  hooks: HookFactory) -> None:
+    """An alert that resolves and fires again within the resend delay is a new alert to Prometheus, sent at
+    the evaluation that fires it, not when the resolve's resend delay is over."""
+    t = [T0]
+    am = await hooks(t)
+    cfg = make_config({"am": {"alertmanager": {"urls": [am.url("")], "resend_delay": "60s"}}}, {"receiver": "am"})
+    rig = Rig(cfg, db, session, t, specs=[spec("X", 0, 30), spec("X", 45)])
+    await rig.run(130)
+    # (sent at, startsAt, endsAt): firing at 0; resolved at 30 (endsAt = the resolve); firing again at 45,
+    # a new alert (startsAt 45), re-sent once lastSent + 60 s < now: at 120. endsAt while firing: now + 240 s.
+    expect = [(0, 0, 240), (30, 0, 30), (45, 45, 285), (120, 45, 360)]
+    got = [(p.at, a["startsAt"], a["endsAt"]) for p in am.posts() for a in p.json()]
+    assert got == [(at, iso_ms(T0 + st), iso_ms(T0 + end)) for at, st, end in expect]
 
 
 async def test_real_alertmanager_stores_what_prometheus_would_send(tmp_path: Path, db: StateDB,

@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,11 +288,15 @@ async def test_topology_shards_central_pair_and_alertmanager_cluster(tmp_path: P
                 "deliveries": total.as_dict(), "lost_firing": len(lost_firing), "lost_final_state": len(lost_final),
                 "scale_requests": len(log), "scale_applied": len(applied),
                 "scale_keys": [e["key"] for e in applied], "wall_s": round(time.time() - t_start, 1)})
+            report["lost"] = _histories(lost_firing | lost_final, central, hook)
     finally:
         await session.close()
         sim.close()
         await hook.stop()
         out = _artifact_dir(tmp_path) / "topology.json"
+        if report.get("lost"):  # the central agents' logs, to see why
+            for c in central:
+                shutil.copy(c.log, out.with_name(f"topology-{c.log.name}"))
         out.write_text(json.dumps(report, indent=1))
         print(f"topology counts ({out}):\n{json.dumps(report, indent=1)}")
     assert not wrong, f"alerts on the dead shard's targets resolved: {wrong}"
@@ -354,6 +359,19 @@ async def _shard_gap(run: _Run, i: int, central: AgentProcess, *, phase: str, si
                                "resolves_from_samples_before_the_kill": len(resolves) - len(wrong),
                                "gap_closed_after_restart_s": round(time.time() - t_kill - shown_s, 1)}
     return wrong
+
+
+def _histories(keys: set[AlertKey], central: list[AgentProcess], hook: RecordingServer) -> list[dict[str, Any]]:
+    """For each lost alert: its state changes in both central agents and every delivery of it, timed, so a
+    failure says where the state was dropped."""
+    out = []
+    for key in sorted(keys):
+        changes = [[f"central-{c}", round(t, 2), state] for c, agent in zip("ab", central, strict=True)
+                   for state in ("pending", "firing", "resolved") for t, k in _transitions(agent, state) if k == key]
+        got = [[rec.path, round(rec.at, 2), str(a["status"])] for rec in hook.accepted() if rec.path.startswith("/am")
+               for a in rec.json().get("alerts", []) if alert_key(a["labels"]) == key]
+        out.append({"alert": dict(key), "changes": sorted(changes, key=lambda c: c[1]), "deliveries": got})
+    return out
 
 
 async def _delivered(hook: RecordingServer, keys: set[AlertKey], status: str, since: float) -> bool | None:
