@@ -24,10 +24,11 @@ aiohttp internals are touched:
   the newcomer turned away (``503``). An attacker's half-sent requests therefore age out in
   favour of fresh ones (a probe's). The process holds at most the cap plus two accept batches
   (asyncio accepts up to the listen backlog, 64, before any protocol runs, and an evicted
-  socket's descriptor is freed one loop turn later): 256 + 2 x 64 + the scraper's 256 + 64 for
-  the state database, logs and sinks = 704 (with ``scrape.concurrency: 0``, one per target instead
-  of 256). The daemon raises its soft ``ulimit -n`` to the hard limit at start and warns (also in
-  ``/api/v1/status``) when that is still lower than the sum.
+  socket's descriptor is freed one loop turn later): 256 + 2 x 64 + the scraper's 2 x 256 (a pool
+  for the targets that answered, one for those that failed) + 64 for the state database, logs and
+  sinks = 960 (with ``scrape.concurrency: 0``, one per target instead of 512). The daemon raises
+  its soft ``ulimit -n`` to the hard limit at start and warns (also in ``/api/v1/status``) when
+  that is still lower than the sum.
 * **accept errors**: should the process still run out of descriptors, asyncio reports every
   failed ``accept()`` (EMFILE) through the loop's exception handler with a traceback, once a
   second. :class:`AcceptErrorLog` turns that into one warning per minute with a count.
@@ -275,7 +276,7 @@ class AcceptErrorLog:
 def raise_open_file_limit() -> tuple[int, int]:
     """Raise the soft open-file limit to the hard one, as Go programs (Prometheus, vmagent) do at
     start: the soft limit is often 1,024 while the hard one is far higher, and the scraper's
-    connections (``scrape.concurrency``, or one per target with 0) come out of it. Returns the soft
+    connections (2 x ``scrape.concurrency``, or one per target with 0) come out of it. Returns the soft
     limit (before, after); unchanged where the system refuses (the start-up warning then says what
     is short)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -283,9 +283,12 @@ class Agent:
         server, concurrency = self.config.server, self.config.scrape.concurrency
         # concurrency 0: a connection per target (those of the last cycle, or the static ones before it)
         targets = max(len(self.scraper.targets), len(self._static_targets))
-        scraping = (f"scrape.concurrency ({concurrency})" if concurrency
-                    else f"one per target with scrape.concurrency 0 ({targets})")
-        need = descriptors_needed(server, concurrency or targets)
+        # two pools of scrape.concurrency: targets that answered last time, and those that failed (no more
+        # of those than there are targets; file_sd may bring more later, the first pool is counted whole)
+        connections = concurrency + min(concurrency, targets) if concurrency else targets
+        scraping = (f"{connections} scraping (scrape.concurrency {concurrency}, as many again for failing targets)"
+                    if concurrency else f"one per target with scrape.concurrency 0 ({targets})")
+        need = descriptors_needed(server, connections)
         if soft != resource.RLIM_INFINITY and need > soft:
             out.append(f"server.max_connections ({server.max_connections}) + 2 x {BACKLOG} accepted at once + "
                        f"{scraping} + {FD_RESERVE} for files = {need} file descriptors, "

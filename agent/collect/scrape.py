@@ -1,8 +1,9 @@
 """Scraping vLLM/LMDeploy ``/metrics`` targets into the store, one target never delaying another.
 
-A scrape cycle starts every target's scrape through a semaphore of ``concurrency`` slots
-(0: all at once), the slowest of the last cycle first, and each has its own timeout, so a
-hung or slow target costs the others nothing while fewer hang than there are slots. Per target the
+A scrape cycle starts every target's scrape through ``concurrency`` slots (0: all at once), the
+slowest of the last cycle first, and each has its own timeout. Targets whose last scrape failed take
+their slots from a second pool of the same size, so targets that hang until the timeout never hold
+the slots of those that answer: a hung or slow target costs the others nothing. Per target the
 scraper keeps what Prometheus keeps:
 
 * a **series cache**: the series text as written (``name{labels}``) -> the store's
@@ -141,9 +142,10 @@ class Scraper:
         self._clock = clock
         self._session = session
         self._own_session = session is None
-        # 0: no cap (every target at once); a nullcontext keeps one code path in scrape()
-        self._sem: asyncio.Semaphore | contextlib.nullcontext[None] = (
-            asyncio.Semaphore(concurrency) if concurrency else contextlib.nullcontext())
+        # Two pools: targets that answered last time, and those that failed (they may hang for the whole
+        # timeout). 0: no cap (every target at once); a nullcontext keeps one code path in scrape().
+        self._pools: tuple[asyncio.Semaphore | contextlib.nullcontext[None], ...] = tuple(
+            asyncio.Semaphore(concurrency) if concurrency else contextlib.nullcontext() for _ in range(2))
         self._concurrency = concurrency
         self.targets: dict[str, Target] = {}
         #: Told every sample a scrape stored (staleness markers and ``up``/``scrape_*`` too), one call per
@@ -153,7 +155,7 @@ class Scraper:
     # -- lifecycle ---------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._concurrency, ttl_dns_cache=300)  # 0: no limit
+            connector = aiohttp.TCPConnector(limit=2 * self._concurrency, ttl_dns_cache=300)  # 0: no limit
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers={"User-Agent": f"sre-agent/{__version__}"},
@@ -186,9 +188,10 @@ class Scraper:
     async def scrape_all(self) -> None:
         # scrape() never raises; return_exceptions is the second guard, so that even a failure in
         # recording a failure (the store itself broken) ends that target's scrape, not the cycle.
-        # The slowest first (by their last scrape): under the concurrency cap, targets that hang until the
-        # timeout then wait it out together from the start of the cycle, beside the fast ones, instead of
-        # taking slots late and stretching the cycle by a timeout each time they come round.
+        # The slowest first (by their last scrape): under the concurrency cap, slow targets then wait it
+        # out together from the start of the cycle, beside the fast ones, instead of taking slots late and
+        # stretching the cycle each time they come round. (The ones that hang failed last time: their
+        # slots are not the others'.)
         targets = sorted(self.targets.values(), key=lambda t: t.duration_s, reverse=True)
         results = await asyncio.gather(*(self.scrape(t) for t in targets), return_exceptions=True)
         for target, result in zip(targets, results, strict=True):
@@ -199,7 +202,7 @@ class Scraper:
 
     async def scrape(self, target: Target) -> None:
         """Scrape one target; never raises (errors become the target's ``last_error``)."""
-        async with self._sem:
+        async with self._pools[target.health == "down"]:
             start_ms = self._now_ms()
             t0 = time.perf_counter()
             body_bytes = 0

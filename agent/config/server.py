@@ -59,7 +59,7 @@ class ServerConfig(ConfigModel):
     """The HTTP endpoint and its resource limits.
 
     The limits protect the process, not just the endpoint: every connection holds a file
-    descriptor, and the scraper needs ``scrape.concurrency`` of them from the same budget
+    descriptor, and the scraper needs up to 2 x ``scrape.concurrency`` of them from the same budget
     (``ulimit -n``, often 1024). A request head must arrive within ``header_timeout`` and a body
     within ``body_timeout``; at ``max_connections`` the oldest connection that is idle or still
     sending its head is closed to make room.

@@ -456,6 +456,8 @@ def test_descriptor_warning_counts_a_connection_per_target(tmp_path: Path, monke
 
     [short] = warnings(0)
     assert "one per target with scrape.concurrency 0 (700)" in short and "= 1148 file descriptors" in short
+    [pools] = warnings(300)  # two pools of 300 (failing targets have their own): 256 + 128 + 600 + 64
+    assert "600 scraping (scrape.concurrency 300" in pools and "= 1048 file descriptors" in pools
     assert "set scrape.concurrency" in short
     assert warnings(64) == []
 
