@@ -11,7 +11,7 @@ Three flavors: ``v1`` (vLLM 0.11.0, the V1 engine), ``v0`` (vLLM 0.7.3 on the V0
 ``_created``, V0 HELP texts) and ``lmdeploy`` (0.14, ``lmdeploy:`` names).
 :class:`Renderer` renders at most once per model step and serves the cached bytes to
 every scrape in between; it fills a template cut from ``generate_latest``'s text with the step's
-values (:mod:`agent.simulate.template`), so the bytes stay prometheus_client's at a fifteenth of
+values (:mod:`agent.simulate.template`), so the bytes stay prometheus_client's at a fourteenth of
 the cost.
 """
 
