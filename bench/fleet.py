@@ -40,14 +40,14 @@ from agent.store import Store
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mib(pid: int | str = "self") -> float:
+def rss_mib(pid: int | str = "self") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
 
-def _proc_cpu_s(pid: int) -> float:
+def proc_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
@@ -119,12 +119,12 @@ async def bench_agent(urls: list[str], cycles: int, interval: float) -> dict[str
         "cpu_us_per_sample": sum(cpus) / samples * 1e6 if samples else float("nan"),
         "samples_per_cycle": samples / cycles,
         "stored_series": store.stats()["series"],
-        "rss_mib": _rss_mib(),
+        "rss_mib": rss_mib(),
         "down": down,
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -148,7 +148,7 @@ def running_prometheus(binary: str, urls: list[str], interval: float, rule_files
                        ) -> Iterator[tuple[int, int]]:
     """A Prometheus scraping ``urls`` (and evaluating ``rule_files``) every ``interval``, with
     its data in a temporary directory; yields (port, pid)."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         targets = ", ".join(f"'{instance_of(u)}'" for u in urls)
         rules = ", ".join(f"'{f}'" for f in rule_files or [])
@@ -173,10 +173,10 @@ def running_prometheus(binary: str, urls: list[str], interval: float, rule_files
 def bench_prometheus(binary: str, urls: list[str], cycles: int, interval: float) -> dict[str, float]:
     with running_prometheus(binary, urls, interval) as (port, pid):
         time.sleep(2 * interval + 2)  # start-up and the first scrapes (series creation) out of the window
-        c0, a0 = _proc_cpu_s(pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
+        c0, a0 = proc_cpu_s(pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
         time.sleep(cycles * interval)
-        c1, a1 = _proc_cpu_s(pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
-        rss = _rss_mib(pid)
+        c1, a1 = proc_cpu_s(pid), _prom_counter(port, "prometheus_tsdb_head_samples_appended_total")
+        rss = rss_mib(pid)
     appended = a1 - a0
     scraped = appended - 5 * len(urls) * cycles  # minus up/scrape_* synthetic series per scrape
     return {"cpu_s_per_cycle": (c1 - c0) / cycles, "cpu_us_per_sample": (c1 - c0) / scraped * 1e6,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 import yaml
-from fleet import _free_port  # type: ignore[import-not-found]
+from fleet import free_port  # type: ignore[import-not-found]
 
 from agent.collect.discovery import instance_of
 from agent.config import bundled_rules_dir
@@ -115,7 +115,7 @@ def agent_config(urls: list[str], interval: float, timeout: float, *, port: int,
 def running_agent(urls: list[str], interval: float, timeout: float, rules: list[str], work: Path
                   ) -> Iterator[tuple[int, int]]:
     """The real ``sre-agent run`` process (``python -m agent run``) over ``urls``; yields (port, pid)."""
-    port = _free_port()
+    port = free_port()
     cfg = work / "agent.json"  # JSON is YAML
     cfg.write_text(json.dumps(agent_config(urls, interval, timeout, port=port, state=work / "agent.db", rules=rules)))
     with process([sys.executable, "-m", "agent", "run", "--config", str(cfg), "--log-level", "error"], f"http://127.0.0.1:{port}/healthz",
@@ -135,7 +135,7 @@ def prometheus_config(urls: list[str], interval: float, timeout: float, rule_fil
 def running_prometheus(binary: str, urls: list[str], interval: float, timeout: float, *, rules: list[str],
                        work: Path) -> Iterator[tuple[int, int]]:
     """Prometheus scraping ``urls`` and evaluating ``rules``; yields (port, pid)."""
-    port = _free_port()
+    port = free_port()
     cfg = work / "prometheus.yml"
     cfg.write_text(prometheus_config(urls, interval, timeout, rules))
     with process([binary, f"--config.file={cfg}", f"--storage.tsdb.path={work}/prom",
@@ -149,7 +149,7 @@ def running_vm_stack(urls: list[str], interval: float, timeout: float, rules: li
                      ) -> Iterator[dict[str, tuple[int, int]]]:
     """victoria-metrics + vmagent (scraping ``urls``) + vmalert (evaluating ``rules``, recording rules written
     back); yields {name: (port, pid)}. No Alertmanager behind vmalert: its notifier's failed sends are cheap."""
-    vm, va, al, am = _free_port(), _free_port(), _free_port(), _free_port()
+    vm, va, al, am = free_port(), free_port(), free_port(), free_port()
     scrape = {"global": {"scrape_interval": ms(interval), "scrape_timeout": ms(timeout)},
               "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [instance_of(u) for u in urls]}]}]}
     (work / "vmagent.yml").write_text(json.dumps(scrape))

@@ -39,7 +39,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import yaml
-from fleet import _free_port, running_fleet  # type: ignore[import-not-found]
+from fleet import free_port, running_fleet  # type: ignore[import-not-found]
 
 from agent.app.daemon import Agent
 from agent.app.logs import configure_logging
@@ -113,7 +113,7 @@ async def bench(urls: list[str], minutes: float, interval: float, with_vmalert: 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         rules = rules_without_keep_firing(work, group_interval)
-        vm_port, agent_port, alert_port, am_port = _free_port(), _free_port(), _free_port(), _free_port()
+        vm_port, agent_port, alert_port, am_port = free_port(), free_port(), free_port(), free_port()
         scrape = {"global": {"scrape_interval": f"{interval:g}s"}, "scrape_configs": [
             {"job_name": "vllm", "static_configs": [{"targets": [instance_of(u) for u in urls]}]}]}
         (work / "vmagent.yml").write_text(json.dumps(scrape))

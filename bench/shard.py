@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from fleet import _free_port, _proc_cpu_s, _rss_mib, running_fleet  # type: ignore[import-not-found]
+from fleet import free_port, proc_cpu_s, rss_mib, running_fleet  # type: ignore[import-not-found]
 from remote_eval import running  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def _wait_agent(port: int, proc: subprocess.Popen[bytes], timeout: float = 120.0
 def bench(urls: list[str], shards: int, interval: float, minutes: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        vm_port, agent_port = _free_port(), _free_port()
+        vm_port, agent_port = free_port(), free_port()
         vm = f"http://127.0.0.1:{vm_port}"
         cfg = {
             "targets": [{"url": u, "job": "vllm"} for u in urls],
@@ -87,10 +87,10 @@ def bench(urls: list[str], shards: int, interval: float, minutes: float) -> dict
                 _wait_agent(agent_port, proc)
                 time.sleep(2 * interval)  # warm-up: series caches filled, the queue at its steady state
                 kept = len(json.loads(_get(f"http://127.0.0.1:{agent_port}/api/v1/targets"))["data"]["targets"])
-                m0, c0, t0 = _get(f"http://127.0.0.1:{agent_port}/metrics"), _proc_cpu_s(proc.pid), time.monotonic()
+                m0, c0, t0 = _get(f"http://127.0.0.1:{agent_port}/metrics"), proc_cpu_s(proc.pid), time.monotonic()
                 time.sleep(max(interval, minutes * 60 - 2 * interval))
-                m1, c1, t1 = _get(f"http://127.0.0.1:{agent_port}/metrics"), _proc_cpu_s(proc.pid), time.monotonic()
-                rss = _rss_mib(proc.pid)
+                m1, c1, t1 = _get(f"http://127.0.0.1:{agent_port}/metrics"), proc_cpu_s(proc.pid), time.monotonic()
+                rss = rss_mib(proc.pid)
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)

@@ -25,8 +25,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet import _proc_cpu_s as cpu_s  # type: ignore[import-not-found]
-from fleet import _rss_mib as rss_mib  # type: ignore[import-not-found]
+from fleet import proc_cpu_s as cpu_s  # type: ignore[import-not-found]
+from fleet import rss_mib  # type: ignore[import-not-found]
 from procs import (  # type: ignore[import-not-found]
     get,
     metric_values,

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from agent.app.daemon import Agent
 from agent.config import Config, ServerConfig
 from tests.alertmanager import eventually
 from tests.conftest import REPO
+from tests.receivers import free_port
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -74,12 +74,6 @@ sys.exit(main(["run", "--config", sys.argv[1], "--log-format", "json"]))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 async def target() -> AsyncIterator[str]:
     """One scrape target serving a tiny exposition."""
@@ -101,7 +95,7 @@ async def test_half_sent_requests_neither_starve_healthz_nor_the_scraper(tmp_pat
     """400 half-sent requests from another process against an agent limited to 400 descriptors:
     /healthz keeps answering, the target stays up, the agent holds at most max_connections and
     closes every half-open socket after the head deadline, and logs no accept errors."""
-    port = _free_port()
+    port = free_port()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(json.dumps({
         "targets": [{"url": target}], "scrape": {"interval": "1s", "timeout": "1s", "concurrency": 64},

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.receivers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "debian:bookworm-slim"  # the Dockerfile's ARG BASE default
@@ -237,12 +238,6 @@ def simulator() -> Iterator[list[str]]:
         proc.wait(timeout=20)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -285,7 +280,7 @@ def test_image_builds_runs_non_root_and_scrapes_the_simulator(tmp_path: Path) ->
         t0 = time.monotonic()
         with simulator() as urls:
             assert all(u.startswith("http://127.0.0.1:") for u in urls), urls
-            port = _free_port()
+            port = free_port()
             config = tmp_path / "agent.yaml"
             config.write_text(json.dumps({
                 "targets": [{"url": urls[0], "job": "vllm"}, {"url": urls[1], "job": "vllm"},
