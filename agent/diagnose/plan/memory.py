@@ -186,7 +186,9 @@ def weight_bytes(model: ModelSpec, quantization: str = "none", dtype: str = "aut
     if scheme.experts_only:
         quantized = model.expert_params
     else:
-        quantized = max(0.0, model.num_params - model.embedding_params - model.router_params - model.vision_params)
+        kept = model.unquantized_params if scheme is model.quant else 0.0
+        quantized = max(0.0, model.num_params - model.embedding_params - model.router_params - model.vision_params
+                        - kept)
     return int((model.num_params - quantized + pad) * 2 + quantized * bytes_per_weight(scheme))
 
 

@@ -87,6 +87,7 @@ class ModelSpec:
     expert_params: float = 0.0  # routed + shared expert weights (in num_params)
     router_params: float = 0.0  # MoE gates: stay 16-bit (in num_params)
     vision_params: float = 0.0  # the vision tower and projector: stay 16-bit (in num_params)
+    unquantized_params: float = 0.0  # what else the checkpoint's ignore list keeps 16-bit (in num_params)
     # Multi-head latent attention: the KV cache holds kv_lora_rank + qk_rope_head_dim per token and layer.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0

@@ -9,8 +9,18 @@ names the three generations this module models:
     the torch activation peak of one forward pass over ``max_num_batched_tokens`` tokens)``.
     The peak is estimated as ``tokens × hidden × 2 B × 12`` plus the sampler's fp32 logits
     ``max_num_seqs × vocab × 4 B × 2`` (calibrated on vLLM's own profile of Llama-3-8B: 1.26
-    GiB at 8,192 tokens); non-torch memory as 1 GiB (+1.5 GiB when TP × PP > 1: NCCL and
-    custom all-reduce buffers; V0 logs 0.35–1.79 GiB on one GPU and 3.58 GiB at TP=2).
+    GiB at 8,192 tokens). Non-torch memory is what grew outside torch's allocator since a
+    baseline taken just before the distributed set-up (vLLM 0.6.5–0.10; the CUDA context is
+    not in it, NCCL's and custom all-reduce's buffers are). 35 public V0 lines of 0.6.5–0.8.x
+    (T4 to H200) put it at 0.01–0.35 GiB on one GPU, median 0.08: :data:`V0_NON_TORCH_BYTES`
+    takes the top of that. With TP × PP > 1 it depends on the link: 0.20–0.36 GiB between
+    PCIe GPUs (consumer cards, L4, L40S, A10, A40; NCCL alone, since vLLM turns custom
+    all-reduce off beyond two PCIe GPUs), 0.93–2.15 GiB per rank over NVLink/NVSwitch
+    (A100-SXM, H100, H200; NCCL's NVLink channels and the all-reduce IPC buffers):
+    :data:`V0_PCIE_MULTI_GPU_BYTES` and :data:`V0_NVLINK_MULTI_GPU_BYTES` on top, NVLink for a
+    GPU whose name does not say. (The 1.79 GiB in vllm-project/vllm pull 10511's discussion
+    came from that pull's unfinished code, which did not subtract the baseline.) LMDeploy
+    keeps the older reserve, :data:`FRAMEWORK_BYTES` (+:data:`MULTI_GPU_EXTRA_BYTES`).
 ``"v1"`` (the V1 engine, vLLM 0.8–0.20; ``gpu_worker.determine_available_memory``): the same
     subtraction, ``requested_memory − non_kv_cache_memory`` with ``requested_memory = total ×
     gpu_memory_utilization`` and ``non_kv_cache_memory = weights + torch_peak_increase +
@@ -56,6 +66,7 @@ names the three generations this module models:
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 from agent.diagnose.plan.models import ModelSpec
@@ -82,6 +93,8 @@ class PlanInput(Protocol):
     @property
     def max_num_batched_tokens(self) -> int | None: ...
     @property
+    def effective_max_model_len(self) -> int: ...
+    @property
     def overhead_bytes(self) -> int | None: ...
     @property
     def vllm_accounting(self) -> str: ...
@@ -97,6 +110,10 @@ __all__ = [
     "MULTI_GPU_EXTRA_BYTES",
     "SAMPLERS",
     "SAMPLER_BYTES_PER_LOGIT",
+    "V0_ACTIVATION_FACTOR",
+    "V0_NON_TORCH_BYTES",
+    "V0_NVLINK_MULTI_GPU_BYTES",
+    "V0_PCIE_MULTI_GPU_BYTES",
     "V1_MULTI_GPU_NON_TORCH_BYTES",
     "V1_NON_TORCH_BYTES",
     "accounting_for_version",
@@ -112,9 +129,16 @@ __all__ = [
 GiB = 2**30
 ACCOUNTINGS = ("v0", "v1", "v1-cudagraphs")
 FUSED_MOE_CHUNK = 32768  # vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default
-ACTIVATION_FACTOR = 12  # × tokens × hidden × 2 B: the forward pass (V0 calibration, see above)
-FRAMEWORK_BYTES = 1 * GiB  # V0 non-torch memory on one GPU
-MULTI_GPU_EXTRA_BYTES = 3 * GiB // 2  # V0: more with TP × PP > 1
+ACTIVATION_FACTOR = 12  # × tokens × hidden × 2 B: V1's forward pass (see above)
+V0_ACTIVATION_FACTOR = 13.5  # the same in V0's eager forward: Llama-3.1-8B logs 2.07 GiB at 20k tokens, 2.99 at 29k
+FRAMEWORK_BYTES = 1 * GiB  # LMDeploy: TurboMind's reserve outside the weights and KV cache, one GPU
+MULTI_GPU_EXTRA_BYTES = 3 * GiB // 2  # LMDeploy: more with TP > 1 (NCCL)
+V0_NON_TORCH_BYTES = 3 * GiB // 10  # vLLM V0, one GPU: 0.01-0.35 GiB logged
+V0_PCIE_MULTI_GPU_BYTES = GiB // 10  # V0, TP x PP > 1 over PCIe: 0.20-0.36 GiB logged in all
+V0_NVLINK_MULTI_GPU_BYTES = 19 * GiB // 10  # V0, TP x PP > 1 over NVLink: 0.93-2.15 GiB logged per rank
+#: GPUs that talk over PCIe (no NVLink between them in the usual server): consumer and workstation
+#: cards, the L4/L40 family, A10, A40, T4, and any "PCIe" SKU.
+_PCIE_GPUS = re.compile(r"pcie|rtx|geforce|titan|\bl4\b|l40|a10g?\b|a40\b|a[2456]000|\bt4\b|\b[2345]0[6-9]0\b")
 SAMPLER_BYTES_PER_LOGIT = 38.8  # V1's dummy sampler run: ~9.7 fp32 copies of rows × vocab logits alive at its peak
 FLASHINFER_SAMPLER_BYTES_PER_LOGIT = 12.0  # the same run through FlashInfer's kernel: no sort, ~3 fp32 copies
 SAMPLERS = ("native", "flashinfer")
@@ -124,6 +148,7 @@ CUDAGRAPH_ESTIMATE_BYTES = GiB // 2  # v1-cudagraphs only: the profiled estimate
 #: vLLM V1's defaults on big GPUs (≥ 70 GiB, not an A100) and on the rest (``vllm serve``).
 _BIG_GPU_SEQS, _SMALL_GPU_SEQS = 1024, 256
 _BIG_GPU_TOKENS, _SMALL_GPU_TOKENS = 8192, 2048
+_V0_CHUNKED_PREFILL_LEN = 32768  # V0 turns chunked prefill on for longer models
 
 
 def accounting_for_version(version: str | None, *, v0_engine: bool = False) -> str:
@@ -156,16 +181,21 @@ def batched_tokens(inp: PlanInput) -> int:
         return inp.max_num_batched_tokens
     if inp.engine == "lmdeploy":
         return 8192  # LMDeploy's --max-prefill-token-num default
+    if inp.vllm_accounting == "v0":
+        # V0 prefills a whole prompt at once, max(max_model_len, 2048) tokens, unless chunked prefill is on,
+        # which it turns on by itself past 32K tokens (then 2,048).
+        length = inp.effective_max_model_len
+        return max(length, _SMALL_GPU_TOKENS) if length <= _V0_CHUNKED_PREFILL_LEN else _SMALL_GPU_TOKENS
     return _BIG_GPU_TOKENS if _big_gpu(inp.gpu_memory_bytes, inp.gpu) else _SMALL_GPU_TOKENS
 
 
-def forward_peak_bytes(inp: PlanInput) -> int:
+def forward_peak_bytes(inp: PlanInput, factor: float = ACTIVATION_FACTOR) -> int:
     """The forward pass's activation peak over the batched tokens: the dense part plus, for
     MoE, the fused-MoE kernel's three intermediate caches (``tokens × top-k × (2N + N + hidden)``
     16-bit values, N the expert width per TP rank, tokens in chunks of at most 32,768)."""
     tokens = batched_tokens(inp)
     m = inp.model
-    dense = tokens * m.hidden_size * 2 * ACTIVATION_FACTOR
+    dense = int(tokens * m.hidden_size * 2 * factor)
     if not m.is_moe:
         return dense
     width = m.moe_intermediate_size // inp.tensor_parallel_size
@@ -183,16 +213,22 @@ def sampler_peak_bytes(inp: PlanInput) -> int:
 def activation_bytes(inp: PlanInput) -> int:
     """The torch peak of the profile run under ``inp.vllm_accounting`` (see the module docstring);
     for LMDeploy, the forward pass over ``--max-prefill-token-num`` tokens."""
-    if inp.engine == "lmdeploy" or inp.vllm_accounting == "v0":
+    if inp.engine == "lmdeploy":
         return forward_peak_bytes(inp) + inp.max_num_seqs * inp.model.vocab_size * 4 * 2
+    if inp.vllm_accounting == "v0":
+        hidden_states = batched_tokens(inp) * inp.model.hidden_size * 2
+        return max(forward_peak_bytes(inp, V0_ACTIVATION_FACTOR), hidden_states + sampler_peak_bytes(inp))
     return max(forward_peak_bytes(inp), sampler_peak_bytes(inp))
 
 
 def non_torch_bytes(inp: PlanInput) -> int:
     """Memory outside torch's allocator that the profile sees grow (CUDA context, NCCL buffers)."""
     multi = inp.tensor_parallel_size * inp.pipeline_parallel_size > 1
-    if inp.engine == "lmdeploy" or inp.vllm_accounting == "v0":
+    if inp.engine == "lmdeploy":
         return FRAMEWORK_BYTES + (MULTI_GPU_EXTRA_BYTES if multi else 0)
+    if inp.vllm_accounting == "v0":
+        link = V0_PCIE_MULTI_GPU_BYTES if _PCIE_GPUS.search(inp.gpu.lower()) else V0_NVLINK_MULTI_GPU_BYTES
+        return V0_NON_TORCH_BYTES + (link if multi else 0)
     return V1_NON_TORCH_BYTES + (V1_MULTI_GPU_NON_TORCH_BYTES if multi else 0)
 
 

@@ -16,7 +16,7 @@ for 0.21+, which also reserves its CUDA-graph estimate. ``Plan.kv_bytes_availabl
 ``kv_gib_available``) is vLLM's "Available KV cache memory" line, per GPU: ``total ×
 gpu_memory_utilization − weights − overhead`` (clamped at 0; vLLM logs the negative figure and
 refuses to start); ``max_tokens_in_cache`` is its "GPU KV cache size: N tokens". Calibrated on
-vLLM 0.10–0.11 V1 logs (``tests/fixtures/planner/calibration/``).
+V1 logs of vLLM 0.9–0.27 and V0 logs of 0.6.5–0.8 (``tests/fixtures/planner/calibration/``).
 
 Findings carry the flag to change and the value to set; their ``kind`` names the runbook
 (``runbooks/diagnosis-kv-cache-capacity.md``, ``runbooks/diagnosis-weights-do-not-fit.md``).

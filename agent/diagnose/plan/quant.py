@@ -23,16 +23,24 @@ quantized weight including its scales. Read from vLLM's quantization layers
 
 Embeddings, ``lm_head``, MoE routers, norms and vision towers stay 16-bit in all of them
 (compressed-tensors checkpoints list these in ``ignore``; mxfp4 also keeps attention in
-16-bit). :func:`default_scheme` is the scheme a bare ``--quantization NAME`` implies.
+16-bit). A compressed-tensors ``ignore`` list may keep more in 16-bit: Kimi K2's INT4 checkpoint
+quantizes only the routed experts (``re:.*self_attn.*``, ``re:.*shared_experts.*`` and the dense
+layers' MLP are ignored). :func:`ignored_kinds` says which of attention, dense MLP, shared experts
+and routed experts a list names. :func:`default_scheme` is the scheme a bare ``--quantization NAME``
+implies.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["METHODS", "QuantScheme", "bytes_per_weight", "default_scheme", "normalize_method", "scheme_from_config"]
+import re2
+
+__all__ = ["KINDS", "METHODS", "QuantScheme", "bytes_per_weight", "default_scheme", "ignored_kinds", "normalize_method",
+           "scheme_from_config"]
 
 #: The quantization methods the planner models (``--quantization`` values, normalized).
 METHODS = ("none", "awq", "gptq", "fp8", "int8", "compressed-tensors", "mxfp4", "bitsandbytes")
@@ -120,6 +128,53 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantScheme | None:
         return QuantScheme("compressed-tensors", bits=bits, group_size=group_size, zero_point=zero, block=block_n,
                            scale_bytes=4 if block_n else 2)
     return None
+
+
+#: The kinds of layer :func:`ignored_kinds` tells apart, each with the module names (as Hugging Face
+#: checkpoints and vLLM name them) an ``ignore`` entry is matched against.
+_KIND_MODULES: Mapping[str, tuple[str, ...]] = {
+    "attention": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.qkv_proj",
+                  "self_attn.o_proj", "self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa",
+                  "self_attn.kv_b_proj"),
+    "dense_mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.gate_up_proj", "mlp.down_proj"),
+    "shared_experts": ("mlp.shared_experts.gate_proj", "mlp.shared_experts.down_proj", "mlp.shared_expert.gate_proj",
+                       "mlp.shared_expert.down_proj"),
+    "experts": ("mlp.experts.0.gate_proj", "mlp.experts.0.down_proj", "mlp.experts.0.w1", "mlp.experts.0.w2"),
+}
+KINDS = tuple(_KIND_MODULES)
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def ignored_kinds(config: Mapping[str, Any], num_layers: int) -> dict[str, float]:
+    """Which layers a compressed-tensors ``ignore`` list keeps 16-bit: for each kind of
+    :data:`KINDS`, the share of the model's layers whose modules of that kind are ignored.
+
+    A ``re:`` entry is a pattern vLLM matches from the start of the module name: it ignores a kind
+    in every layer when it matches that kind's module names (in RE2, so a hostile pattern cannot
+    stall the planner; one RE2 cannot compile is skipped). Any other entry is one module's name:
+    ``model.layers.7.self_attn.o_proj`` ignores that layer's attention, so a list naming each layer
+    counts the layers it names."""
+    entries = config.get("ignore") if config.get("quant_method") == "compressed-tensors" else None
+    if not isinstance(entries, list):
+        return {}
+    whole: set[str] = set()
+    layers: dict[str, set[int]] = {kind: set() for kind in KINDS}
+    for entry in (e for e in entries if isinstance(e, str)):
+        if entry.startswith("re:"):
+            try:
+                pattern = re2.compile(entry[3:])
+            except re2.error:
+                continue
+            whole |= {kind for kind, names in _KIND_MODULES.items()
+                      if any(pattern.match(f"model.layers.1.{name}") for name in names)}
+            continue
+        layer = _LAYER.match(entry)
+        if layer:
+            rest = entry[layer.end():]
+            layers.update({kind: layers[kind] | {int(layer[1])} for kind, names in _KIND_MODULES.items()
+                           if rest in names})
+    share = {kind: min(1.0, len(found) / max(1, num_layers)) for kind, found in layers.items() if found}
+    return {**share, **dict.fromkeys(whole, 1.0)}
 
 
 def bytes_per_weight(scheme: QuantScheme) -> float:

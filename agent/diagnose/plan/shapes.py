@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.diagnose.plan.quant import scheme_from_config
+from agent.diagnose.plan.quant import ignored_kinds, scheme_from_config
 from agent.errors import DiagnosisError
 
 __all__ = ["count_params", "parse_hf_config", "vision_params"]
@@ -108,16 +108,21 @@ def parse_hf_config(raw: Mapping[str, Any], name: str = "") -> dict[str, Any]:
     out.update(_attention_windows(data, layers, model_type))
     if isinstance(raw.get("vision_config"), Mapping):
         vision = vision_params(raw["vision_config"], hidden)
+    kinds = {"attention": layers * attention, "dense_mlp": dense_mlp, "shared_experts": experts["shared"],
+             "experts": experts["expert"] - experts["shared"]}
+    ignored = ignored_kinds(quant, layers) if isinstance(quant, Mapping) else {}
     out.update(num_params=float(params + vision), expert_params=float(experts["expert"]),
-               router_params=float(experts["router"]), vision_params=float(vision))
+               router_params=float(experts["router"]), vision_params=float(vision),
+               unquantized_params=float(sum(share * kinds[kind] for kind, share in ignored.items())))
     return out
 
 
 def _moe(data: Mapping[str, Any], layers: int, hidden: int, inter: int) -> tuple[dict[str, int], dict[str, int]]:
-    """(params of experts and routers, ``ModelSpec`` MoE fields); zeros for a dense model."""
+    """(params of experts, the shared ones among them, and routers; ``ModelSpec`` MoE fields); zeros for
+    a dense model."""
     experts = _opt_int(data, ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")) or 0
     if experts <= 1:
-        return {"expert": 0, "router": 0}, {}
+        return {"expert": 0, "shared": 0, "router": 0}, {}
     width = _opt_int(data, ("moe_intermediate_size", "expert_intermediate_size")) or inter
     top_k = _opt_int(data, ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk")) or 1
     moe_idx = [i for i in range(layers) if _is_moe_layer(data, i)]
@@ -134,7 +139,7 @@ def _moe(data: Mapping[str, Any], layers: int, hidden: int, inter: int) -> tuple
     router = len(moe_idx) * (hidden * experts + shared_gate + (experts if biased or "n_group" in data else 0))
     fields = {"num_experts": experts, "experts_per_token": top_k, "moe_intermediate_size": width,
               "num_moe_layers": len(moe_idx)}
-    return {"expert": expert, "router": router}, fields
+    return {"expert": expert, "shared": len(moe_idx) * 3 * hidden * shared, "router": router}, fields
 
 
 def _is_moe_layer(data: Mapping[str, Any], i: int) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.diagnose.plan.memory import QUANTIZATIONS, GiB, PlanInput
+from agent.diagnose.plan.memory import QUANTIZATIONS, GiB, PlanInput, activation_bytes, batched_tokens, kv_layout
 from agent.diagnose.plan.models import gpu_memory_bytes, load_model_config
 from agent.diagnose.plan.overhead import accounting_for_version, default_max_num_seqs
 from agent.diagnose.plan.planner import Plan, plan
@@ -43,6 +43,11 @@ KV_ABS_TOL_GIB = 1.5
 TOKENS_REL_TOL = 0.10
 WEIGHTS_REL_TOL = 0.05
 BYTES_PER_TOKEN_REL_TOL = 0.10
+#: vLLM's "Maximum concurrency" is blocks over the blocks one request holds: from its own KV figure (rounded
+#: to 0.01 GiB in the log) the layout gives it to well under 1 %, so a wrong grouping or page shows.
+CONCURRENCY_REL_TOL = 0.02
+#: V0's "PyTorch activation peak memory": the profile run's torch peak.
+ACTIVATION_REL_TOL, ACTIVATION_ABS_TOL_GIB = 0.15, 0.25
 #: vLLM's default KV block (V0 and V1 on CUDA) when the case does not say.
 DEFAULT_BLOCK_SIZE = 16
 #: Header lines of an excerpt: ``# key: value``. "# GPU blocks: N" is a log line, not a header.
@@ -205,6 +210,8 @@ class Prediction:
     kv_gib: float | None = None  # unclamped: vLLM logs a negative figure when the weights do not leave room
     kv_tokens: int | None = None
     bytes_per_token: int | None = None
+    concurrency: float | None = None  # "Maximum concurrency" for vLLM's own logged KV memory
+    activation_gib: float | None = None  # the profile run's torch peak
     notes: tuple[str, ...] = ()
     error: str = ""
 
@@ -243,11 +250,25 @@ def predict(case: Case) -> Prediction:
     except DiagnosisError as exc:
         return Prediction(error=str(exc), notes=tuple(notes))
     weights = p.weights_bytes_per_gpu / GiB
+    tokens = case.logged_tokens()
+    concurrency = _concurrency(inp, tokens) if tokens else None
     if gpu is None:
-        return Prediction(weights_gib=weights, bytes_per_token=p.kv_bytes_per_token_per_gpu, notes=tuple(notes))
+        return Prediction(weights_gib=weights, bytes_per_token=p.kv_bytes_per_token_per_gpu, concurrency=concurrency,
+                          notes=tuple(notes))
     kv = (int(inp.gpu_memory_bytes * inp.gpu_memory_utilization) - p.weights_bytes_per_gpu - p.overhead_bytes) / GiB
     return Prediction(weights_gib=weights, kv_gib=kv, kv_tokens=p.max_tokens_in_cache,
-                      bytes_per_token=p.kv_bytes_per_token_per_gpu, notes=tuple(notes))
+                      bytes_per_token=p.kv_bytes_per_token_per_gpu, concurrency=concurrency,
+                      activation_gib=activation_bytes(inp) / GiB, notes=tuple(notes))
+
+
+def _concurrency(inp: PlanInput, tokens: int) -> float:
+    """vLLM's "Maximum concurrency" for its own "GPU KV cache size" under the planner's KV layout: the
+    blocks of every group (``tokens`` are one group's) over the blocks one ``max_model_len`` request holds.
+    From the logged tokens, not the logged GiB: with pipeline stages of unequal layers the two come from
+    different workers."""
+    layout = kv_layout(inp)
+    blocks = tokens // layout.block_size * len(layout.windows)
+    return blocks / layout.blocks_per_seq(inp.effective_max_model_len, batched_tokens(inp))
 
 
 @dataclass(frozen=True)
@@ -286,6 +307,14 @@ def compare(case: Case, pred: Prediction) -> list[Check]:
     if per_token is not None:
         checks.append(Check("KV B/token/GPU", per_token, pred.bytes_per_token, pred.bytes_per_token is not None
                             and abs(pred.bytes_per_token - per_token) <= BYTES_PER_TOKEN_REL_TOL * per_token))
+    if "max_concurrency" in case.logged and pred.concurrency is not None:
+        logged = float(case.logged["max_concurrency"])
+        checks.append(Check("concurrency", logged, pred.concurrency,
+                            abs(pred.concurrency - logged) <= CONCURRENCY_REL_TOL * logged))
+    if "activation_gib" in case.logged and pred.activation_gib is not None:
+        logged = float(case.logged["activation_gib"])
+        checks.append(Check("torch peak GiB", logged, pred.activation_gib, abs(pred.activation_gib - logged)
+                            <= max(ACTIVATION_REL_TOL * logged, ACTIVATION_ABS_TOL_GIB)))
     return checks
 
 

@@ -15,6 +15,7 @@ import pytest
 from agent.diagnose.plan.models import GPU_MEMORY_MIB, PRESETS, ModelSpec, load_model_config, normalize_model_name
 from agent.diagnose.plan.planner import (
     PlanInput,
+    activation_bytes,
     find_model,
     gpu_memory_bytes,
     max_model_len_for,
@@ -202,9 +203,11 @@ def _log_value(text: str, pattern: str) -> float:
 
 def test_against_vllm_profile_llama3_8b_80gb() -> None:
     """vLLM's own profile of Llama-3-8B on an 80 GB GPU (fixture): 53.29 GiB for KV at utilization 0.90 of
-    79.22 GiB. We must land within 1.5 GiB and 3 %: vLLM *measures* the activation peak (1.26 GiB) and
-    non-torch memory (1.79 GiB here, 0.35 GiB in the RTX 3090 log: that spread is the tolerance) where we
-    estimate 1 GiB + an activation formula. Profiled with max_num_batched_tokens = max_model_len = 8192 (V0)."""
+    79.22 GiB. vLLM *measures* the activation peak (1.26 GiB), which the planner's estimate must match, and
+    non-torch memory: 1.79 GiB here, from the pull request's unfinished code, which did not yet subtract its
+    baseline (released V0 logs 0.01-0.35 GiB on one GPU, and the planner takes 0.3). So the KV figure is held
+    to the issue's target, max(10 %, 1.5 GiB), and the tokens to 3 %. Profiled with max_num_batched_tokens =
+    max_model_len = 8192 (V0)."""
     text = (PLANNER / "vllm_v0_llama3_8b_80gb_profile.txt").read_text()
     total = _log_value(text, r"total_gpu_memory\s+([\d.]+)GiB")
     util = _log_value(text, r"gpu_memory_utilization\s+([\d.]+)")
@@ -212,7 +215,9 @@ def test_against_vllm_profile_llama3_8b_80gb() -> None:
     p = plan(PlanInput(find_model("Llama-3-8B"), int(total * GiB), gpu_memory_utilization=util,
                        max_num_batched_tokens=8192, vllm_accounting="v0"))
     assert round(p.weights_bytes_per_gpu / GiB, 2) == _log_value(text, r"model weights take\s+([\d.]+)GiB")
-    assert abs(p.kv_bytes_available - vllm_kv) <= 1.5 * GiB
+    peak = _log_value(text, r"PyTorch activation peak memory\s+([\d.]+)GiB") * GiB
+    assert abs(activation_bytes(p.input) - peak) <= 0.05 * GiB
+    assert abs(p.kv_bytes_available - vllm_kv) <= max(0.1 * vllm_kv, 1.5 * GiB)
     vllm_tokens = vllm_kv / (2 * 32 * 8 * 128 * 2)  # 53.29 GiB / 131,072 B = 436,551 tokens
     assert abs(p.max_tokens_in_cache - vllm_tokens) / vllm_tokens < 0.03
 
@@ -220,7 +225,8 @@ def test_against_vllm_profile_llama3_8b_80gb() -> None:
 def test_against_vllm_log_llama31_8b_rtx3090() -> None:
     """vLLM on an RTX 3090 (fixture, Llama-3.1-8B: Llama-3-8B's shape) at --max-model-len 20000: 1952 blocks
     = 31,232 tokens, "1.56x" concurrency. V0 profiles max_num_batched_tokens = max_model_len = 20,000 tokens.
-    Within 1.5 GiB of KV memory (as above); here KV is only 18 % of the budget, so that is −16 % in tokens."""
+    The planner must land within 1.5 GiB of KV memory and 10 % of the tokens (the issue's targets): the KV
+    cache is only 18 % of the budget here, so each 0.1 GiB of overhead is 2.6 % of the tokens."""
     text = (PLANNER / "vllm_v0_llama31_8b_rtx3090_20k.txt").read_text()
     total = _log_value(text, r"total_gpu_memory=([\d.]+)GiB")
     vllm_kv = _log_value(text, r"kv_cache_size=([\d.]+)GiB") * GiB
@@ -228,7 +234,7 @@ def test_against_vllm_log_llama31_8b_rtx3090() -> None:
     p = plan(PlanInput(find_model("Llama-3-8B"), int(total * GiB), max_model_len=20000,
                        max_num_batched_tokens=20000, vllm_accounting="v0"))
     assert abs(p.kv_bytes_available - vllm_kv) <= 1.5 * GiB
-    assert p.max_tokens_in_cache <= vllm_tokens  # our estimate errs on the safe side here
+    assert abs(p.max_tokens_in_cache - vllm_tokens) <= 0.1 * vllm_tokens
     assert p.max_concurrent_seqs == int(_log_value(text, r"concurrency for 20000 tokens per request: ([\d.]+)x"))
 
 

@@ -8,9 +8,16 @@ from typing import Any
 
 import pytest
 
-from agent.diagnose.plan.memory import PlanInput, expert_padding_bytes, memory_numbers, mxfp4_backend, weight_bytes
+from agent.diagnose.plan.memory import (
+    GiB,
+    PlanInput,
+    expert_padding_bytes,
+    memory_numbers,
+    mxfp4_backend,
+    weight_bytes,
+)
 from agent.diagnose.plan.models import PRESETS, ModelSpec, gpu_memory_bytes, load_model_config
-from agent.diagnose.plan.quant import QuantScheme, bytes_per_weight, default_scheme, scheme_from_config
+from agent.diagnose.plan.quant import QuantScheme, bytes_per_weight, default_scheme, ignored_kinds, scheme_from_config
 from tests.conftest import FIXTURES
 
 PLANNER = FIXTURES / "planner"
@@ -128,3 +135,25 @@ def test_mxfp4_padding_follows_the_moe_backend(gpu: str, tp: int, backend: str, 
     unpadded = experts * 3 * 2880 / tp * 2880 * (0.5 + 1 / 32)  # the checkpoint's share: gate, up and down
     grown = layers * (_vllm_expert_bytes(experts, inner, hidden) - unpadded)
     assert abs(expert_padding_bytes(inp) - grown) / grown < 0.001, (expert_padding_bytes(inp), grown)
+
+
+def test_compressed_tensors_ignore_list_keeps_layers_16_bit() -> None:
+    """Kimi K2's INT4 checkpoint ignores attention, the shared experts and the dense layer's MLP: only the 60
+    MoE layers' 384 routed experts (3 x 7168 x 2048 each) are 4-bit with a 16-bit scale per 32."""
+    spec = load_model_config(PLANNER / "calibration" / "kimi-k2-thinking.config.json")
+    routed = 60 * 384 * 3 * 7168 * 2048
+    expected = (spec.num_params - routed) * 2 + routed * (0.5 + 2 / 32)
+    assert weight_bytes(spec, "compressed-tensors") == pytest.approx(expected, rel=1e-5)  # norms: 0.9 M params
+    bare = replace(spec, unquantized_params=0.0)  # the same checkpoint read without its ignore list
+    assert weight_bytes(bare, "compressed-tensors") < weight_bytes(spec, "compressed-tensors") - 12 * GiB
+
+
+def test_ignore_entries_by_name_and_hostile_patterns() -> None:
+    """A module named per layer counts that layer; a pattern RE2 cannot compile is skipped, and one that would
+    backtrack for ever in Python's re is matched in linear time."""
+    entries = ["lm_head", *(f"model.layers.{i}.self_attn.o_proj" for i in range(10)), "re:(?<=x)a",
+               "re:(" + "a*" * 30 + ")*$"]
+    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": entries}, 40) == {"attention": 0.25}
+    assert ignored_kinds({"quant_method": "gptq", "ignore": ["re:.*"]}, 40) == {}
+    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": ["re:.*mlp\\.experts.*"]}, 40) == {
+        "experts": 1.0}
