@@ -10,7 +10,10 @@ out, per GPU:
   ``0.5 + 2.5/128 = 0.51953125`` B, fp8/int8 1 B, mxfp4 experts 0.53125 B, …). Embeddings,
   ``lm_head``, MoE routers and vision towers stay 16-bit; the vocabulary is padded to a
   multiple of 64. The split over TP × PP is an approximation: vLLM shards the vocabulary
-  over TP, and with PP the first stage holds the embedding and the last ``lm_head``.
+  over TP, and with PP the first stage holds the embedding and the last ``lm_head``. Every GPU
+  also holds vLLM's rotary cache (``ModelSpec.rope_cache_bytes``), 2.5 GiB for Llama 4's 10M
+  positions. A compressed-tensors ``ignore`` list keeps more layers 16-bit
+  (``ModelSpec.unquantized_params``).
 * **KV bytes per token** = 2 (K and V) × layers × ``num_key_value_heads`` × ``head_dim`` ×
   KV dtype bytes. The guides' ``2 × layers × hidden_size × bytes`` assumes one KV head per
   query head; for grouped-query attention (Llama-3-70B: 8 KV heads, 64 query heads) it is
@@ -146,6 +149,7 @@ class PlanInput:
     gpu: str = ""
     overhead_bytes: int | None = None
     disable_hybrid_kv_cache_manager: bool = False
+    hybrid_chunked_attention: bool = False  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (Llama 4)
     vllm_accounting: str = "v1"
     sampler: str = "native"
     mxfp4_backend: str = "auto"
@@ -291,7 +295,8 @@ def memory_numbers(inp: PlanInput) -> MemoryNumbers:
     kv_tok, kv_tok_gpu = kv_bytes_per_token(inp)
     kv_guide = 2 * m.num_layers * m.hidden_size * bits // 8
     kv_guide_gpu = 2 * layers_gpu * (m.hidden_size // tp) * bits // 8
-    weights = math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp)) + expert_padding_bytes(inp)
+    weights = (math.ceil(weight_bytes(m, inp.quantization, inp.dtype) / (tp * pp)) + expert_padding_bytes(inp)
+               + (m.rope_cache_bytes if inp.engine == "vllm" else 0))
     overhead = overhead_bytes(inp)
     if inp.engine == "lmdeploy":
         free = inp.gpu_memory_bytes - weights - overhead
@@ -330,12 +335,16 @@ def kv_layout(inp: PlanInput) -> KVLayout:
                         layer_token_bytes=(m.kv_lora_rank + m.qk_rope_head_dim) * bits // 8,
                         group_size=layers_gpu, windows=(0,))
     layer_bytes = 2 * max(1, m.num_key_value_heads // tp) * _head_bytes(inp, bits)
-    sliding = m.num_sliding_layers if m.sliding_window and inp.engine == "vllm" else 0
-    if not sliding or inp.disable_hybrid_kv_cache_manager:
+    sliding, window = (m.num_sliding_layers, m.sliding_window) if m.sliding_window else (0, 0)
+    if m.attention_chunk_size and inp.hybrid_chunked_attention:
+        # a chunk of C tokens is a window of at most C for the allocator (vLLM's chunked spec holds
+        # C + max_num_batched_tokens, its sliding one that less one plus a block: within a block a group)
+        sliding, window = m.num_chunked_layers, m.attention_chunk_size
+    if not sliding or inp.engine != "vllm" or inp.disable_hybrid_kv_cache_manager:
         return KVLayout(inp.block_size, layer_bytes, layers_gpu, (0,))
     if sliding >= m.num_layers:
-        return KVLayout(inp.block_size, layer_bytes, layers_gpu, (m.sliding_window,))
-    size, windows = hybrid_groups(m.num_layers - sliding, sliding, m.sliding_window, pp)
+        return KVLayout(inp.block_size, layer_bytes, layers_gpu, (window,))
+    size, windows = hybrid_groups(m.num_layers - sliding, sliding, window, pp)
     return KVLayout(inp.block_size, layer_bytes, size, windows)
 
 

@@ -91,9 +91,19 @@ class ModelSpec:
     # Multi-head latent attention: the KV cache holds kv_lora_rank + qk_rope_head_dim per token and layer.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
-    # Sliding-window (or chunked local) attention on num_sliding_layers of the layers.
+    # Sliding-window attention on num_sliding_layers of the layers.
     sliding_window: int = 0
     num_sliding_layers: int = 0
+    # Llama 4's chunked local attention: num_chunked_layers attend within chunks of attention_chunk_size.
+    attention_chunk_size: int = 0
+    num_chunked_layers: int = 0
+
+    @property
+    def rope_cache_bytes(self) -> int:
+        """vLLM's rotary-embedding cache, a 16-bit buffer of ``max_position_embeddings`` × rotary width, on
+        every GPU and counted in "Model loading took": 32 MiB for Llama-3.1-8B's 131,072 positions (its
+        logged 14.9888 GiB is 8.03 B parameters at 2 B plus exactly that), 2.5 GiB for Llama 4 Scout's 10M."""
+        return self.max_position_embeddings * (self.qk_rope_head_dim if self.is_mla else self.head_dim) * 2
 
     @property
     def embedding_params(self) -> int:

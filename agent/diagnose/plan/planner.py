@@ -170,13 +170,14 @@ def _shape_notes(inp: PlanInput) -> list[str]:
         out.append(f"MLA: the KV cache keeps one latent of kv_lora_rank + qk_rope_head_dim = "
                    f"{m.kv_lora_rank + m.qk_rope_head_dim} elements per token and layer, whole on every TP rank, "
                    f"in blocks of {layout.block_size} tokens")
+    window = max(layout.windows)
     if len(layout.windows) > 1:
         sliding = sum(1 for w in layout.windows if w)
         out.append(f"hybrid attention: vLLM's KV-cache manager makes {len(layout.windows)} groups of "
-                   f"{layout.group_size} layers per GPU ({sliding} with a {m.sliding_window}-token window); "
+                   f"{layout.group_size} layers per GPU ({sliding} with a {window}-token window); "
                    "'GPU KV cache size' counts the blocks of one group, and a sequence holds blocks in every group")
     elif layout.windows[0]:
-        out.append(f"every layer keeps only a {m.sliding_window}-token window: a sequence holds at most "
+        out.append(f"every layer keeps only a {window}-token window: a sequence holds at most "
                    f"{layout.blocks_per_seq(inp.effective_max_model_len, batched_tokens(inp))} blocks")
     if m.is_moe:
         out.append(f"mixture of experts: all {m.num_experts} experts × {m.num_moe_layers} MoE layers are loaded "

@@ -10,7 +10,9 @@ serve ...`` plans exactly that. Recognised forms::
 given as separate arguments or as one quoted string (split with :func:`shlex.split`).
 ``--flag=value`` and ``--flag value`` both work, as do vLLM's ``--flag_name`` spellings
 and human-readable lengths (``32k`` = 32,000, ``32K`` = 32,768, as vLLM reads them).
-Leading ``VAR=value`` environment assignments are skipped. Flags that do not change the
+Leading ``VAR=value`` environment assignments are skipped, except
+``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``, which lets Llama 4's chunked layers keep
+only their chunk (``hybrid_chunked_attention``). Flags that do not change the
 memory plan (``--port``, ``--trust-remote-code``, …) are ignored, each with a note, so a
 real command line can be pasted unchanged.
 
@@ -100,6 +102,8 @@ _LMDEPLOY_FLAGS: dict[str, tuple[str, _Converter]] = {
 }
 # Switches that change the plan: flag -> PlanInput field set to True.
 _VLLM_SWITCHES = {"disable-hybrid-kv-cache-manager": "disable_hybrid_kv_cache_manager"}
+# Environment variables before the command that change the plan: variable (set to 1) -> PlanInput field.
+_VLLM_ENV_SWITCHES = {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "hybrid_chunked_attention"}
 # Flags known to take no value (the rest of --enable-*/--disable-*/--no-* are treated alike).
 _BOOLEAN_FLAGS = frozenset({"trust-remote-code", "enforce-eager", "disable-log-requests", "disable-log-stats",
                             "enable-prefix-caching", "enable-chunked-prefill", "enable-auto-tool-choice",
@@ -122,8 +126,10 @@ def parse_serve_command(argv: Sequence[str]) -> ServeCommand:
     tokens = list(argv)
     if len(tokens) == 1 and any(c.isspace() for c in tokens[0]):
         tokens = shlex.split(tokens[0])
+    environment: dict[str, str] = {}
     while tokens and _ENV_ASSIGNMENT.match(tokens[0]):
-        tokens.pop(0)
+        key, _, value = tokens.pop(0).partition("=")
+        environment[key] = value
     if not tokens:
         raise DiagnosisError("no serving command after '--' (e.g. -- vllm serve MODEL --tensor-parallel-size 4)")
     program = PurePath(tokens[0]).name
@@ -138,7 +144,8 @@ def parse_serve_command(argv: Sequence[str]) -> ServeCommand:
                              "'vllm serve MODEL ...', 'python -m vllm.entrypoints.openai.api_server --model M ...' "
                              "or 'lmdeploy serve api_server MODEL ...'")
     known = _VLLM_FLAGS if engine == "vllm" else _LMDEPLOY_FLAGS
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {field: True for var, field in _VLLM_ENV_SWITCHES.items()
+                               if engine == "vllm" and environment.get(var) == "1"}
     notes: list[str] = []
     positional: list[str] = []
     i = 0

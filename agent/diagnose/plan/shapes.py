@@ -174,8 +174,17 @@ def _mla(data: Mapping[str, Any], hidden: int, heads: int) -> tuple[int, int, in
 
 def _attention_windows(data: Mapping[str, Any], layers: int, model_type: str) -> dict[str, int]:
     """``sliding_window`` (tokens) and ``num_sliding_layers``: the layers that keep only a window.
-    Llama 4's chunked local attention is not counted: vLLM turns its hybrid KV-cache manager
-    off for it by default (a latency regression), so every layer keeps the full length."""
+    Llama 4's chunked local attention is kept apart (``attention_chunk_size``, ``num_chunked_layers``:
+    the layers ``no_rope_layers`` marks 1, by default three of every four): vLLM turns its hybrid
+    KV-cache manager off for it by default (a latency regression), so every layer keeps the full
+    length unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``."""
+    chunk = _opt_int(data, ("attention_chunk_size",))
+    if chunk:
+        rope = data.get("no_rope_layers")
+        if not (isinstance(rope, list) and len(rope) == layers):
+            rope = [int((i + 1) % 4 != 0) for i in range(layers)]  # Llama4TextConfig's default
+        chunked = sum(1 for flag in rope if flag)
+        return {"attention_chunk_size": chunk, "num_chunked_layers": chunked} if chunked else {}
     window = _opt_int(data, ("sliding_window",))
     if not window or data.get("use_sliding_window") is False:
         return {}

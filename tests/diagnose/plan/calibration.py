@@ -242,6 +242,7 @@ def predict(case: Case) -> Prediction:
                     max_model_len=flags.get("max_model_len"), max_num_seqs=int(seqs), vllm_accounting=accounting,
                     sampler=str(flags.get("sampler", "native")),
                     mxfp4_backend=str(flags.get("mxfp4_backend", "auto")),
+                    hybrid_chunked_attention=bool(flags.get("hybrid_chunked_attention", False)),
                     gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)), quantization=quant,
                     kv_cache_dtype=str(flags.get("kv_cache_dtype", "auto")), block_size=case.block_size,
                     max_num_batched_tokens=flags.get("max_num_batched_tokens"), gpu=case.gpu)
@@ -321,7 +322,8 @@ def compare(case: Case, pred: Prediction) -> list[Check]:
 def _flags_text(flags: Mapping[str, Any]) -> str:
     short = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "max_model_len": "len",
              "gpu_memory_utilization": "util", "max_num_seqs": "seqs", "max_num_batched_tokens": "mnbt",
-             "kv_cache_dtype": "kv", "quantization": "q", "block_size": "block", "sampler": "sampler"}
+             "kv_cache_dtype": "kv", "quantization": "q", "block_size": "block", "sampler": "sampler",
+             "hybrid_chunked_attention": "hybrid_chunked"}
     return " ".join(f"{short.get(k, k)}={v}" for k, v in flags.items())
 
 

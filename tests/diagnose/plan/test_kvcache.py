@@ -79,3 +79,17 @@ def test_mla_keeps_block_16_before_hopper() -> None:
     """On an A100 vLLM's Triton MLA backend keeps 16-token blocks."""
     spec = load_model_config(PLANNER / "deepseek-v3.config.json")
     assert kv_layout(PlanInput(spec, gpu_memory_bytes("A100-80GB"), gpu="A100-80GB")).block_size == 16
+
+
+def test_llama4_chunked_layers_stay_full_unless_the_hybrid_manager_is_allowed() -> None:
+    """Llama 4 Scout: 36 of its 48 layers attend within 8,192-token chunks, but vLLM keeps every layer at full
+    length unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1; then it makes 4 groups of 12 layers
+    and an 8M-token request holds 524,288 global blocks plus 3 x ceil((8,191 + 8,192) / 16) + 3 chunked ones."""
+    spec = load_model_config(PLANNER / "calibration" / "llama-4-scout-17b-16e-instruct.config.json")
+    assert (spec.attention_chunk_size, spec.num_chunked_layers, spec.num_sliding_layers) == (8192, 36, 0)
+    default = kv_layout(PlanInput(spec, H100, tensor_parallel_size=8))
+    assert (default.group_size, default.windows) == (48, (0,))
+    hybrid = kv_layout(PlanInput(spec, H100, tensor_parallel_size=8, hybrid_chunked_attention=True))
+    assert (hybrid.group_size, hybrid.windows, hybrid.layer_token_bytes) == (12, (0, 8192, 8192, 8192), 2 * 1 * 128 * 2)
+    assert hybrid.blocks_per_seq(8388608, 8192) == 524288 + 3 * (math.ceil((8191 + 8192) / 16) + 1)
+    assert hybrid.token_bytes == default.token_bytes  # the same bytes per token: only the per-request blocks change

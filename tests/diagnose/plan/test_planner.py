@@ -150,7 +150,8 @@ def test_guide_worked_example_llama3_70b_4bit_a100() -> None:
     # Our weights: embeddings + lm_head stay 16-bit (2 × 128256 × 8192 params × 2 B); the other
     # 70,553,706,496 − 2,101,346,304 = 68,452,360,192 params at 0.5 + 2.5/128 = 133/256 B each.
     embed = 2 * 128256 * 8192
-    assert p.weights_bytes_per_gpu == embed * 2 + (70_553_706_496 - embed) * 133 // 256  # 39,765,832,864 B ≈ 37.0 GiB
+    rope = 8192 * 128 * 2  # vLLM's rotary cache: 8,192 positions x head_dim, 16-bit, on every GPU
+    assert p.weights_bytes_per_gpu == embed * 2 + (70_553_706_496 - embed) * 133 // 256 + rope  # ≈ 37.0 GiB
     # Memory for KV (vLLM V1): 81920 MiB × 0.9 − weights − (140 MiB non-torch + the larger of the forward
     # pass, 2048 tokens × 8192 × 2 B × 12, and the sampler warm-up, 256 rows × 128256 vocab × 38.8 B).
     overhead = 140 * 2**20 + max(2048 * 8192 * 2 * 12, 1_273_941_196)
@@ -182,16 +183,16 @@ def test_lmdeploy_int8_kv_stores_scales() -> None:
 
 def test_llama_2_7b_on_a100_40gb_by_hand() -> None:
     """Llama-2-7B (MHA) on an A100-40GB at vLLM defaults: KV 2 × 32 × 32 × 128 × 2 = 524,288 B/token (the
-    guide's formula agrees: no GQA); weights 6,738,415,616 × 2 B; KV memory 40960 MiB × 0.9 − weights −
-    (140 MiB non-torch + the sampler warm-up's 256 × 32000 × 38.8 B, larger than the forward's
-    2048 × 4096 × 2 × 12) = 24,713,224,192 B = 2,946 blocks of 16 tokens = 47,136 tokens = 11 sequences
-    of 4,096."""
+    guide's formula agrees: no GQA); weights 6,738,415,616 × 2 B + vLLM's rotary cache (4,096 positions ×
+    128 × 2 B = 1 MiB); KV memory 40960 MiB × 0.9 − weights − (140 MiB non-torch + the sampler warm-up's
+    256 × 32000 × 38.8 B, larger than the forward's 2048 × 4096 × 2 × 12) = 24,712,175,616 B = 2,945 blocks
+    of 16 tokens = 47,120 tokens = 11 sequences of 4,096."""
     p = plan(PlanInput(find_model("Llama-2-7B"), A100_40, gpu="A100-40GB"))
     assert p.kv_bytes_per_token == p.kv_bytes_per_token_guide == 524_288
-    assert p.weights_bytes_per_gpu == 13_476_831_232
+    assert p.weights_bytes_per_gpu == 13_476_831_232 + 1_048_576
     assert p.overhead_bytes == 146_800_640 + 317_849_600
-    assert p.kv_bytes_available == 38_654_705_664 - 13_476_831_232 - 464_650_240 == 24_713_224_192
-    assert (p.max_tokens_in_cache, p.max_concurrent_seqs) == (2946 * 16, 11)
+    assert p.kv_bytes_available == 38_654_705_664 - 13_477_879_808 - 464_650_240 == 24_712_175_616
+    assert (p.max_tokens_in_cache, p.max_concurrent_seqs) == (2945 * 16, 11)
     assert not p.fits and p.weights_fit
 
 
@@ -248,11 +249,11 @@ def test_tensor_parallel_replicates_kv_heads() -> None:
 
 def test_pipeline_parallel_splits_layers() -> None:
     """PP=3 over Llama-3-70B's 80 layers: the largest stage has 27 (2 × 27 × 8 × 128 × 2 = 110,592 B/token);
-    weights are split six ways at TP=2 × PP=3."""
+    weights are split six ways at TP=2 × PP=3 (and vLLM's rotary cache, 8,192 × 128 × 2 B, is on every GPU)."""
     spec = find_model("Llama-3-70B")
     p = plan(PlanInput(spec, A100_80, tensor_parallel_size=2, pipeline_parallel_size=3))
     assert p.kv_bytes_per_token_per_gpu == 2 * 27 * 4 * 128 * 2
-    assert p.weights_bytes_per_gpu == -(-weight_bytes(spec) // 6)
+    assert p.weights_bytes_per_gpu == -(-weight_bytes(spec) // 6) + 8192 * 128 * 2
 
 
 def test_weights_do_not_fit_recommends_quantization_and_tp() -> None:

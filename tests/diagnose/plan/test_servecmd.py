@@ -102,3 +102,13 @@ def test_disable_hybrid_kv_cache_manager_switch() -> None:
     """--disable-hybrid-kv-cache-manager takes no value and reaches the plan."""
     cmd = parse_serve_command(["vllm", "serve", "m", "--disable-hybrid-kv-cache-manager", "--max-num-seqs", "8"])
     assert cmd.options == {"disable_hybrid_kv_cache_manager": True, "max_num_seqs": 8}
+
+
+def test_environment_switch_for_llama4_chunked_attention() -> None:
+    """VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 before the command reaches the plan; other values
+    and other variables do not."""
+    on = parse_serve_command(["VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 CUDA_VISIBLE_DEVICES=0,1 "
+                              "vllm serve meta-llama/Llama-4-Scout-17B-16E-Instruct -tp 8"])
+    assert on.options == {"hybrid_chunked_attention": True, "tensor_parallel_size": 8}
+    off = parse_serve_command(["VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0", "vllm", "serve", "m"])
+    assert off.options == {}

@@ -120,3 +120,22 @@ def test_sliding_window_on_every_layer_and_gemma2_alternation() -> None:
     gemma2 = ModelSpec.from_hf_config({**base, "model_type": "gemma2", "sliding_window": 4096})
     assert (mistral.sliding_window, mistral.num_sliding_layers) == (4096, 4)
     assert (gemma2.num_sliding_layers, gemma2.tie_word_embeddings) == (2, True)
+
+
+def test_llama4_chunked_layers_follow_no_rope_layers() -> None:
+    """Llama 4: the layers ``no_rope_layers`` marks 1 use RoPE and attend within attention_chunk_size; the
+    rest are global. Without the list, every fourth layer is global (transformers' Llama4TextConfig)."""
+    base = {"model_type": "llama4_text", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 128, "intermediate_size": 32, "attention_chunk_size": 8192}
+    assert ModelSpec.from_hf_config(base).num_chunked_layers == 6
+    listed = ModelSpec.from_hf_config({**base, "no_rope_layers": [1, 0, 1, 0, 1, 0, 1, 1]})
+    assert (listed.attention_chunk_size, listed.num_chunked_layers, listed.sliding_window) == (8192, 5, 0)
+
+
+def test_rope_cache_is_counted_on_every_gpu() -> None:
+    """vLLM keeps a 16-bit cos/sin cache of max_position_embeddings x rotary width on every GPU: 2.5 GiB for
+    Llama 4 Scout's 10,485,760 positions x 128, the MLA rope width (64) for Kimi K2."""
+    scout = load_model_config(PLANNER / "calibration" / "llama-4-scout-17b-16e-instruct.config.json")
+    assert scout.rope_cache_bytes == 10485760 * 128 * 2
+    kimi = load_model_config(PLANNER / "calibration" / "kimi-k2-thinking.config.json")
+    assert kimi.rope_cache_bytes == 262144 * 64 * 2
