@@ -229,12 +229,15 @@ def gpu_memory_bytes(name: str) -> int:
 
 
 def load_model_config(path: Path, name: str = "") -> ModelSpec:
-    """:meth:`ModelSpec.from_hf_config` on a file; unreadable or non-JSON files raise
-    :class:`DiagnosisError` from their cause."""
+    """:meth:`ModelSpec.from_hf_config` on a file, named (unless ``name`` is given) after the folder of
+    a ``config.json``, as a Hugging Face snapshot lays it out, else after the file (``llama-4.config.json``:
+    ``llama-4``); unreadable or non-JSON files raise :class:`DiagnosisError` from their cause."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DiagnosisError(f"cannot read model config {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise DiagnosisError(f"model config {path} is not a JSON object")
-    return ModelSpec.from_hf_config(data, name=name or path.parent.name or path.stem)
+    stem = path.name.removesuffix(".json").removesuffix(".config")
+    default = path.parent.name if path.name == "config.json" else stem
+    return ModelSpec.from_hf_config(data, name=name or default or path.stem)

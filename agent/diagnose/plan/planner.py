@@ -179,6 +179,12 @@ def _shape_notes(inp: PlanInput) -> list[str]:
     elif layout.windows[0]:
         out.append(f"every layer keeps only a {window}-token window: a sequence holds at most "
                    f"{layout.blocks_per_seq(inp.effective_max_model_len, batched_tokens(inp))} blocks")
+    if m.attention_chunk_size and inp.engine == "vllm" and not inp.hybrid_chunked_attention:
+        hybrid = memory_numbers(replace(inp, hybrid_chunked_attention=True))
+        out.append(f"chunked attention: {m.num_chunked_layers} of {m.num_layers} layers attend within "
+                   f"{m.attention_chunk_size:,}-token chunks, but vLLM keeps them at full length unless "
+                   "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, with which the same cache holds "
+                   f"{hybrid.seqs} sequences of {inp.effective_max_model_len:,} tokens")
     if m.is_moe:
         out.append(f"mixture of experts: all {m.num_experts} experts × {m.num_moe_layers} MoE layers are loaded "
                    f"({m.expert_params / 1e9:.1f} B of {m.num_params / 1e9:.1f} B parameters), "

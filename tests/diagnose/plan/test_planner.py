@@ -373,3 +373,17 @@ def test_lmdeploy_kv8_gives_under_twice_the_tokens_not_the_guides_2_3x() -> None
     assert kv8.max_tokens_in_cache / fp16.max_tokens_in_cache == pytest.approx(256 / 132, rel=0.01)
     assert kv8.max_tokens_in_cache / fp16.max_tokens_in_cache < 2.0  # below 2x, so below the guide's 2.3x
     assert kv4.max_tokens_in_cache / fp16.max_tokens_in_cache == pytest.approx(256 / 68, rel=0.01)
+
+
+def test_llama4_plan_says_what_the_hybrid_switch_would_give() -> None:
+    """Llama 4 Scout at 1M tokens on 8 H200s: with the chunked layers at full length the cache holds fewer
+    requests than with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, and the plan's note names the
+    switch and the count the switched plan gives."""
+    spec = load_model_config(FIXTURES / "planner" / "calibration" / "llama-4-scout-17b-16e-instruct.config.json")
+    inp = PlanInput(spec, gpu_memory_bytes("H200"), tensor_parallel_size=8, max_model_len=1_048_576, gpu="H200")
+    default, switched = plan(inp), plan(replace(inp, hybrid_chunked_attention=True))
+    assert switched.max_concurrent_seqs > default.max_concurrent_seqs
+    note = next(n for n in default.notes if n.startswith("chunked attention"))
+    assert "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1" in note
+    assert f"holds {switched.max_concurrent_seqs} sequences of 1,048,576 tokens" in note
+    assert not any(n.startswith("chunked attention") for n in switched.notes)

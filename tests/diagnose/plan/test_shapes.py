@@ -7,6 +7,7 @@ number is written out in the test.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +140,13 @@ def test_rope_cache_is_counted_on_every_gpu() -> None:
     assert scout.rope_cache_bytes == 10485760 * 128 * 2
     kimi = load_model_config(PLANNER / "calibration" / "kimi-k2-thinking.config.json")
     assert kimi.rope_cache_bytes == 262144 * 64 * 2
+
+
+def test_a_config_file_names_its_model(tmp_path: Path) -> None:
+    """A snapshot's config.json is named after its folder; any other file after itself."""
+    assert load_model_config(PLANNER / "gemma-3-27b-it.config.json").name == "gemma-3-27b-it"
+    folder = tmp_path / "Qwen3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text((PLANNER / "calibration" / "qwen3-8b.config.json").read_text())
+    assert load_model_config(folder / "config.json").name == "Qwen3-8B"
+    assert load_model_config(folder / "config.json", name="mine").name == "mine"
