@@ -337,8 +337,8 @@ def kv_layout(inp: PlanInput) -> KVLayout:
     layer_bytes = 2 * max(1, m.num_key_value_heads // tp) * _head_bytes(inp, bits)
     sliding, window = (m.num_sliding_layers, m.sliding_window) if m.sliding_window else (0, 0)
     if m.attention_chunk_size and inp.hybrid_chunked_attention:
-        # a chunk of C tokens is a window of at most C for the allocator (vLLM's chunked spec holds
-        # C + max_num_batched_tokens, its sliding one that less one plus a block: within a block a group)
+        # vLLM's chunked spec holds C + max_num_batched_tokens tokens of a request, its sliding-window
+        # spec C - 1 + that and one block more: the same within a block a group, so a chunk is a window
         sliding, window = m.num_chunked_layers, m.attention_chunk_size
     if not sliding or inp.engine != "vllm" or inp.disable_hybrid_kv_cache_manager:
         return KVLayout(inp.block_size, layer_bytes, layers_gpu, (0,))

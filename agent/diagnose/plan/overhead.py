@@ -6,21 +6,25 @@ names the three generations this module models:
 
 ``"v0"`` (the V0 engine, vLLM ≤ 0.10 with ``VLLM_USE_V1=0``; ``worker.py``'s "the rest of the
     memory reserved for KV Cache is X"): ``total × utilization − (weights + non-torch memory +
-    the torch activation peak of one forward pass over ``max_num_batched_tokens`` tokens)``.
-    The peak is estimated as ``tokens × hidden × 2 B × 12`` plus the sampler's fp32 logits
-    ``max_num_seqs × vocab × 4 B × 2`` (calibrated on vLLM's own profile of Llama-3-8B: 1.26
-    GiB at 8,192 tokens). Non-torch memory is what grew outside torch's allocator since a
-    baseline taken just before the distributed set-up (vLLM 0.6.5–0.10; the CUDA context is
-    not in it, NCCL's and custom all-reduce's buffers are). 35 public V0 lines of 0.6.5–0.8.x
-    (T4 to H200) put it at 0.01–0.35 GiB on one GPU, median 0.08: :data:`V0_NON_TORCH_BYTES`
-    takes the top of that. With TP × PP > 1 it depends on the link: 0.20–0.36 GiB between
-    PCIe GPUs (consumer cards, L4, L40S, A10, A40; NCCL alone, since vLLM turns custom
-    all-reduce off beyond two PCIe GPUs), 0.93–2.15 GiB per rank over NVLink/NVSwitch
-    (A100-SXM, H100, H200; NCCL's NVLink channels and the all-reduce IPC buffers):
-    :data:`V0_PCIE_MULTI_GPU_BYTES` and :data:`V0_NVLINK_MULTI_GPU_BYTES` on top, NVLink for a
-    GPU whose name does not say. (The 1.79 GiB in vllm-project/vllm pull 10511's discussion
-    came from that pull's unfinished code, which did not subtract the baseline.) LMDeploy
-    keeps the older reserve, :data:`FRAMEWORK_BYTES` (+:data:`MULTI_GPU_EXTRA_BYTES`).
+    the torch activation peak of the profile run)``. The profile prefills ``max(max_model_len,
+    2048)`` tokens (2,048 with chunked prefill, which V0 turns on past 32K), then samples
+    ``max_num_seqs`` (256) dummy sequences through the sort-based sampler; the peak is the
+    larger of the two, as in V1: the forward at ``tokens × hidden × 2 B ×`` :data:`V0_ACTIVATION_FACTOR` (Llama-3.1-8B
+    logs 2.07 GiB at 20k tokens, 2.99 at 29k), or the sampler's rows × vocab ×
+    :data:`SAMPLER_BYTES_PER_LOGIT` beside the prompt's hidden states (Qwen2.5-7B logs 1.42 GiB
+    at 4,096 tokens, Phi-4 0.94 at 2,048, Llama-3-8B 1.26 at 8,192: all the sampler).
+    Non-torch memory is what grew outside torch's allocator since a baseline taken just before
+    the distributed set-up (vLLM 0.6.5–0.10; the CUDA context is not in it, NCCL's and custom
+    all-reduce's buffers are). 35 public V0 lines of 0.6.5–0.8.x (T4 to H200) put it at
+    0.01–0.35 GiB on one GPU, median 0.08: :data:`V0_NON_TORCH_BYTES` takes the top of that.
+    With TP × PP > 1 it depends on the link: 0.20–0.36 GiB between PCIe GPUs (consumer cards,
+    L4, L40S, A10, A40; NCCL alone, since vLLM turns custom all-reduce off beyond two PCIe
+    GPUs), 0.93–2.15 GiB per rank over NVLink/NVSwitch (A100-SXM, H100, H200; NCCL's NVLink
+    channels and the all-reduce IPC buffers): :data:`V0_PCIE_MULTI_GPU_BYTES` and
+    :data:`V0_NVLINK_MULTI_GPU_BYTES` on top, NVLink for a GPU whose name does not say. (The
+    1.79 GiB in vllm-project/vllm pull 10511's discussion came from that pull's unfinished
+    code, which did not subtract the baseline.) LMDeploy keeps the older reserve,
+    :data:`FRAMEWORK_BYTES` (+:data:`MULTI_GPU_EXTRA_BYTES`).
 ``"v1"`` (the V1 engine, vLLM 0.8–0.20; ``gpu_worker.determine_available_memory``): the same
     subtraction, ``requested_memory − non_kv_cache_memory`` with ``requested_memory = total ×
     gpu_memory_utilization`` and ``non_kv_cache_memory = weights + torch_peak_increase +
@@ -28,8 +32,9 @@ names the three generations this module models:
     things whose peaks do not add up (the forward's activations are freed before the sampler
     runs), so the torch peak is the larger of
 
-    * the forward pass over ``max_num_batched_tokens`` dummy tokens (the V0 estimate above
-      without its sampler term, plus the fused-MoE kernel's intermediate caches), and
+    * the forward pass over ``max_num_batched_tokens`` dummy tokens, ``tokens × hidden × 2 B ×``
+      :data:`ACTIVATION_FACTOR` (torch.compile's graphs keep a little less alive than V0's eager
+      forward), plus the fused-MoE kernel's intermediate caches, and
     * ``_dummy_sampler_run``: ``min(max_num_seqs, max_num_batched_tokens)`` rows of fp32
       logits over the whole vocabulary (gathered on every TP rank), pushed through top-k
       (vocab − 1) and top-p (0.9) by the sort-based sampler: the logits, their sorted copy and

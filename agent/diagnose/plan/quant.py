@@ -145,9 +145,10 @@ KINDS = tuple(_KIND_MODULES)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def ignored_kinds(config: Mapping[str, Any], num_layers: int) -> dict[str, float]:
+def ignored_kinds(config: Mapping[str, Any], layers: Mapping[str, int]) -> dict[str, float]:
     """Which layers a compressed-tensors ``ignore`` list keeps 16-bit: for each kind of
-    :data:`KINDS`, the share of the model's layers whose modules of that kind are ignored.
+    :data:`KINDS`, the share of the layers that have that kind (``layers``: how many do) whose
+    modules of it are ignored.
 
     A ``re:`` entry is a pattern vLLM matches from the start of the module name: it ignores a kind
     in every layer when it matches that kind's module names (in RE2, so a hostile pattern cannot
@@ -158,7 +159,7 @@ def ignored_kinds(config: Mapping[str, Any], num_layers: int) -> dict[str, float
     if not isinstance(entries, list):
         return {}
     whole: set[str] = set()
-    layers: dict[str, set[int]] = {kind: set() for kind in KINDS}
+    named: dict[str, set[int]] = {kind: set() for kind in KINDS}
     for entry in (e for e in entries if isinstance(e, str)):
         if entry.startswith("re:"):
             try:
@@ -171,9 +172,9 @@ def ignored_kinds(config: Mapping[str, Any], num_layers: int) -> dict[str, float
         layer = _LAYER.match(entry)
         if layer:
             rest = entry[layer.end():]
-            layers.update({kind: layers[kind] | {int(layer[1])} for kind, names in _KIND_MODULES.items()
-                           if rest in names})
-    share = {kind: min(1.0, len(found) / max(1, num_layers)) for kind, found in layers.items() if found}
+            named.update({kind: named[kind] | {int(layer[1])} for kind, names in _KIND_MODULES.items()
+                          if rest in names})
+    share = {kind: min(1.0, len(found) / max(1, layers.get(kind, 0))) for kind, found in named.items() if found}
     return {**share, **dict.fromkeys(whole, 1.0)}
 
 

@@ -110,7 +110,9 @@ def parse_hf_config(raw: Mapping[str, Any], name: str = "") -> dict[str, Any]:
         vision = vision_params(raw["vision_config"], hidden)
     kinds = {"attention": layers * attention, "dense_mlp": dense_mlp, "shared_experts": experts["shared"],
              "experts": experts["expert"] - experts["shared"]}
-    ignored = ignored_kinds(quant, layers) if isinstance(quant, Mapping) else {}
+    counts = {"attention": layers, "dense_mlp": layers - moe_layers, "shared_experts": moe_layers,
+              "experts": moe_layers}
+    ignored = ignored_kinds(quant, counts) if isinstance(quant, Mapping) else {}
     out.update(num_params=float(params + vision), expert_params=float(experts["expert"]),
                router_params=float(experts["router"]), vision_params=float(vision),
                unquantized_params=float(sum(share * kinds[kind] for kind, share in ignored.items())))

@@ -153,7 +153,10 @@ def test_ignore_entries_by_name_and_hostile_patterns() -> None:
     backtrack for ever in Python's re is matched in linear time."""
     entries = ["lm_head", *(f"model.layers.{i}.self_attn.o_proj" for i in range(10)), "re:(?<=x)a",
                "re:(" + "a*" * 30 + ")*$"]
-    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": entries}, 40) == {"attention": 0.25}
-    assert ignored_kinds({"quant_method": "gptq", "ignore": ["re:.*"]}, 40) == {}
-    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": ["re:.*mlp\\.experts.*"]}, 40) == {
+    layers = {"attention": 40, "dense_mlp": 1, "shared_experts": 39, "experts": 39}
+    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": entries}, layers) == {"attention": 0.25}
+    dense = ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]
+    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": dense}, layers) == {"dense_mlp": 1.0}
+    assert ignored_kinds({"quant_method": "gptq", "ignore": ["re:.*"]}, layers) == {}
+    assert ignored_kinds({"quant_method": "compressed-tensors", "ignore": ["re:.*mlp\\.experts.*"]}, layers) == {
         "experts": 1.0}
