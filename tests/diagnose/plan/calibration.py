@@ -43,8 +43,8 @@ KV_ABS_TOL_GIB = 1.5
 TOKENS_REL_TOL = 0.10
 WEIGHTS_REL_TOL = 0.05
 BYTES_PER_TOKEN_REL_TOL = 0.10
-#: vLLM's "Maximum concurrency" is blocks over the blocks one request holds: from its own KV figure (rounded
-#: to 0.01 GiB in the log) the layout gives it to well under 1 %, so a wrong grouping or page shows.
+#: vLLM's "Maximum concurrency" is blocks over the blocks one request holds: from its own token figure the
+#: layout gives it to well under 1 %, so a wrong grouping or per-request block count shows.
 CONCURRENCY_REL_TOL = 0.02
 #: V0's "PyTorch activation peak memory": the profile run's torch peak.
 ACTIVATION_REL_TOL, ACTIVATION_ABS_TOL_GIB = 0.15, 0.25
@@ -210,7 +210,7 @@ class Prediction:
     kv_gib: float | None = None  # unclamped: vLLM logs a negative figure when the weights do not leave room
     kv_tokens: int | None = None
     bytes_per_token: int | None = None
-    concurrency: float | None = None  # "Maximum concurrency" for vLLM's own logged KV memory
+    concurrency: float | None = None  # "Maximum concurrency" for vLLM's own logged token capacity
     activation_gib: float | None = None  # the profile run's torch peak
     notes: tuple[str, ...] = ()
     error: str = ""
