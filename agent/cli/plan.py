@@ -83,7 +83,8 @@ def add_parser(sub: Any) -> None:
                         "vLLM logs ('Using Marlin backend', 'leveraging the Marlin kernel')")
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", help="A100-40GB, A100-80GB, H100, H200, L40S or RTX-4090")
-    gpu.add_argument("--gpu-memory", help="memory of one GPU, e.g. 80GiB or 48GB")
+    gpu.add_argument("--gpu-memory", help="memory of one GPU as CUDA reports it (vLLM's 'total_gpu_memory' or "
+                     "'Free memory on device (…/TOTAL GiB)'; nvidia-smi shows 0.3-0.85 GiB more), e.g. 79.18GiB")
     live = p.add_argument_group("capacity advice from live vLLM replicas (instead of a model and GPU)")
     live.add_argument("--from-target", action="append", metavar="URL",
                       help="a vLLM /metrics URL (or host:port) to scrape once; repeat for several replicas")

@@ -24,8 +24,8 @@ out, per GPU:
   (:mod:`agent.diagnose.plan.kvcache`). LMDeploy's int8/int4 KV (``--quant-policy 8``/``4``)
   also stores an fp16 scale and zero point per token and head (4 B).
 * **memory for KV** (vLLM): "Available KV cache memory" is ``total × gpu_memory_utilization −
-  (weights + overhead)``, our ``kv_bytes_available`` (``total`` here is the GPU preset's NVML
-  total, a little above the CUDA total vLLM reads). The overhead (the profile run's torch
+  (weights + overhead)``, our ``kv_bytes_available`` (``total`` is CUDA's, which the GPU presets
+  hold; nvidia-smi's is 0.3-0.85 GiB more). The overhead (the profile run's torch
   peak, non-torch memory and, from vLLM 0.21, the CUDA-graph estimate) depends on the engine
   version's accounting, ``PlanInput.vllm_accounting``: :mod:`agent.diagnose.plan.overhead`.
   LMDeploy instead gives ``--cache-max-entry-count`` of the memory *free after the weights

@@ -164,17 +164,18 @@ _PRESET_LIST = (
 PRESETS: Mapping[str, ModelSpec] = MappingProxyType({spec.name: spec for spec, _ in _PRESET_LIST})
 PRESET_SOURCES: Mapping[str, str] = MappingProxyType({spec.name: hf for spec, hf in _PRESET_LIST})
 
-# Memory totals as NVML (nvidia-smi, dcgm-exporter's DCGM_FI_DEV_FB_*) reports them, in MiB, read
-# off nvidia-smi output of idle cards: A100-SXM4/PCIe-40GB 40960, A100-SXM4-80GB 81920, H100 80GB
-# HBM3 81559, H200 143771, L40S 46068, RTX 4090 24564. CUDA's own total (what vLLM's
-# `total_gpu_memory` prints) is a little lower, e.g. 79.22 GiB on an H100 (81559 MiB = 79.65 GiB).
+# Memory totals as CUDA reports them (cudaMemGetInfo's total: what vLLM multiplies by
+# --gpu-memory-utilization and LMDeploy's TurboMind reads), in MiB. NVML (nvidia-smi, dcgm-exporter's
+# DCGM_FI_DEV_FB_*) reports 0.3-0.85 GiB more, which the driver keeps; planning from NVML's figure
+# overstates the KV cache by 0.9 x that. Each is the figure vLLM logged for the card (the calibration
+# excerpts in tests/fixtures/planner/calibration/ and its README), nvidia-smi's in the comment.
 GPU_MEMORY_MIB: Mapping[str, int] = MappingProxyType({
-    "A100-40GB": 40960,
-    "A100-80GB": 81920,
-    "H100": 81559,
-    "H200": 143771,
-    "L40S": 46068,
-    "RTX-4090": 24564,
+    "A100-40GB": 40325,  # 39.38 GiB ("total_gpu_memory (39.38GiB)", 4x A100 40GB); nvidia-smi 40960
+    "A100-80GB": 81183,  # 79.28 GiB (the KV difference of two 0.10.1.1 runs at util 0.25 and 0.5); 81920
+    "H100": 81080,  # 79.18 GiB (vLLM 0.11's "Free memory on device", the llm-d H100 table); 81559
+    "H200": 143165,  # 139.81 GiB ("Free memory on device (139.21/139.81 GiB)"); 143771
+    "L40S": 45599,  # 44.53 GiB ("Free memory on device (28.56/44.53 GiB)"); 46068
+    "RTX-4090": 24218,  # 23.65 GiB (PyTorch's "total capacity of 23.65 GiB"); 24564
 })
 _GPU_ALIASES = {
     "a100": "A100-80GB", "a10040g": "A100-40GB", "a10040gb": "A100-40GB", "a10080g": "A100-80GB",
@@ -217,8 +218,8 @@ def find_model(name: str) -> ModelSpec:
 
 
 def gpu_memory_bytes(name: str) -> int:
-    """Total memory of a GPU preset in bytes (NVML's MiB × 2**20). Raises :class:`DiagnosisError`
-    listing the presets (and suggesting ``--gpu-memory``) when the name is unknown."""
+    """Total memory of a GPU preset in bytes, as CUDA reports it (:data:`GPU_MEMORY_MIB`). Raises
+    :class:`DiagnosisError` listing the presets (and suggesting ``--gpu-memory``) when the name is unknown."""
     key = re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", ""))
     canonical = next((g for g in GPU_MEMORY_MIB if re.sub(r"[^a-z0-9]", "", g.lower()) == key), None)
     canonical = canonical or _GPU_ALIASES.get(key)

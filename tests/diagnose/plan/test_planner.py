@@ -25,6 +25,7 @@ from agent.diagnose.plan.planner import (
 )
 from agent.errors import DiagnosisError
 from tests.conftest import FIXTURES
+from tests.diagnose.plan.calibration import load_cases
 
 GiB = 2**30
 PLANNER = FIXTURES / "planner"
@@ -118,13 +119,18 @@ def test_unknown_model_lists_presets() -> None:
     assert normalize_model_name("Qwen-7B") != normalize_model_name("Qwen2-7B")
 
 
-def test_gpu_presets_are_nvml_totals() -> None:
-    """GPU sizes are NVML's MiB totals; names are matched loosely; unknown ones list the presets."""
-    assert gpu_memory_bytes("A100-80GB") == 81920 * 2**20
-    assert gpu_memory_bytes("NVIDIA H100") == 81559 * 2**20
-    assert gpu_memory_bytes("h200") == 143771 * 2**20
-    assert gpu_memory_bytes("rtx 4090") == 24564 * 2**20
-    assert set(GPU_MEMORY_MIB) == {"A100-40GB", "A100-80GB", "H100", "H200", "L40S", "RTX-4090"}
+def test_gpu_presets_are_cuda_totals() -> None:
+    """GPU sizes are CUDA's totals, what vLLM reads: the figure a calibration excerpt logs for the card where
+    one does (H100 79.18 GiB, A100-40GB 39.38), and 0.3-0.85 GiB under nvidia-smi's MiB for every preset.
+    Names are matched loosely; unknown ones list the presets."""
+    logged = {c.gpu.split("x ")[-1]: c.gpu_memory_gib for c in load_cases() if c.gpu_memory_gib}
+    assert gpu_memory_bytes("NVIDIA H100") / GiB == pytest.approx(logged["H100"], abs=0.005)
+    assert gpu_memory_bytes("A100 40GB") / GiB == pytest.approx(logged["A100 40GB"], abs=0.005)
+    nvidia_smi = {"A100-40GB": 40960, "A100-80GB": 81920, "H100": 81559, "H200": 143771, "L40S": 46068,
+                  "RTX-4090": 24564}
+    assert set(GPU_MEMORY_MIB) == set(nvidia_smi)
+    assert all(0.3 <= (nvidia_smi[g] * 2**20 - gpu_memory_bytes(g)) / GiB <= 0.85 for g in nvidia_smi)
+    assert gpu_memory_bytes("h200") == gpu_memory_bytes("H200") and gpu_memory_bytes("rtx 4090") > 23 * GiB
     with pytest.raises(DiagnosisError, match="A100-40GB"):
         gpu_memory_bytes("V100")
 
