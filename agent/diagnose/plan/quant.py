@@ -37,7 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import re2
+from agent.errors import RegexError
+from agent.gocompat.regex import compile_go
 
 __all__ = ["KINDS", "METHODS", "QuantScheme", "bytes_per_weight", "default_scheme", "ignored_kinds", "normalize_method",
            "scheme_from_config"]
@@ -151,10 +152,10 @@ def ignored_kinds(config: Mapping[str, Any], layers: Mapping[str, int]) -> dict[
     modules of it are ignored.
 
     A ``re:`` entry is a pattern vLLM matches from the start of the module name: it ignores a kind
-    in every layer when it matches that kind's module names (in RE2, so a hostile pattern cannot
-    stall the planner; one RE2 cannot compile is skipped). Any other entry is one module's name:
-    ``model.layers.7.self_attn.o_proj`` ignores that layer's attention, so a list naming each layer
-    counts the layers it names."""
+    in every layer when it matches that kind's module names (through :mod:`agent.gocompat.regex`'s
+    RE2, so a hostile pattern cannot stall the planner; one RE2 refuses is skipped). Any other
+    entry is one module's name: ``model.layers.7.self_attn.o_proj`` ignores that layer's attention,
+    so a list naming each layer counts the layers it names."""
     entries = config.get("ignore") if config.get("quant_method") == "compressed-tensors" else None
     if not isinstance(entries, list):
         return {}
@@ -163,11 +164,11 @@ def ignored_kinds(config: Mapping[str, Any], layers: Mapping[str, int]) -> dict[
     for entry in (e for e in entries if isinstance(e, str)):
         if entry.startswith("re:"):
             try:
-                pattern = re2.compile(entry[3:])
-            except re2.error:
+                pattern = compile_go(f"^(?:{entry[3:]})", what="quantization_config ignore")
+            except RegexError:
                 continue
             whole |= {kind for kind, names in _KIND_MODULES.items()
-                      if any(pattern.match(f"model.layers.1.{name}") for name in names)}
+                      if any(pattern.search(f"model.layers.1.{name}") for name in names)}
             continue
         layer = _LAYER.match(entry)
         if layer:

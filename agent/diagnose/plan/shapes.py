@@ -137,11 +137,12 @@ def _moe(data: Mapping[str, Any], layers: int, hidden: int, inter: int) -> tuple
         shared = inter  # Llama 4: one shared expert as wide as a routed one
     biased = str(data.get("model_type", "")) == "gpt_oss"  # gpt-oss experts and router carry biases
     per_expert = 3 * hidden * width + ((2 * width + hidden) if biased else 0)
-    expert = len(moe_idx) * (experts * per_expert + 3 * hidden * shared)
+    shared_params = len(moe_idx) * 3 * hidden * shared
+    expert = len(moe_idx) * experts * per_expert + shared_params
     router = len(moe_idx) * (hidden * experts + shared_gate + (experts if biased or "n_group" in data else 0))
     fields = {"num_experts": experts, "experts_per_token": top_k, "moe_intermediate_size": width,
               "num_moe_layers": len(moe_idx)}
-    return {"expert": expert, "shared": len(moe_idx) * 3 * hidden * shared, "router": router}, fields
+    return {"expert": expert, "shared": shared_params, "router": router}, fields
 
 
 def _is_moe_layer(data: Mapping[str, Any], i: int) -> bool:
