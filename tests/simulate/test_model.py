@@ -74,6 +74,15 @@ def test_kv_pressure_saturates_and_preempts() -> None:
     assert run.preemptions[-1] > 0
 
 
+def test_kv_pressure_rarely_dips_under_95_percent_once_saturated() -> None:
+    """Once saturated, kv_pressure's cache is above 95 % at over 99 % of the 15 s evaluations (four seeds,
+    20 minutes each): every dip restarts VLLMKVCacheSaturated's 10-minute `for`, and the scenario test waits
+    for one `for` to run through. The request shapes before this bound dipped at 3-5 % of evaluations."""
+    evaluations = [kv for seed in (1, 2, 3, 7) for kv in drive("kv_pressure", 1320, seed=seed).kv[120::15]]
+    dips = sum(kv <= 0.95 for kv in evaluations)
+    assert dips <= 0.01 * len(evaluations), (dips, len(evaluations))
+
+
 def test_counters_never_decrease() -> None:
     """Token, preemption, success and histogram counters only go up, step after step."""
     params = ReplicaParams()
