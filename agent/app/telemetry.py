@@ -18,13 +18,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent import __version__
+from agent.collect.discovery import FileSD
 from agent.collect.scrape import Scraper
 from agent.promql.remote import RemoteSource
 from agent.rules.manager import AlertState, RuleManager, rule_group_label
 from agent.series import Observation, labels_get
 from agent.store import AppendResult, Store
 
-__all__ = ["AgentCollector", "CycleStats", "SourceCollector", "build_registry"]
+__all__ = ["AgentCollector", "CycleStats", "FileSDCollector", "SourceCollector", "build_registry"]
 
 
 class CycleStats(Protocol):
@@ -186,3 +187,21 @@ class SourceCollector(Collector):
                                       "Partial answers (warnings or isPartial) used under partial_response: warn.")
         partial.add_metric([], self._source.partial_answers)
         yield from (up, failed, partial)
+
+
+class FileSDCollector(Collector):
+    """file_sd files the agent refused: a refused file keeps its last targets (their ``up`` stays as it was),
+    so these are what says a file stopped being read. Prometheus' own is ``prometheus_sd_file_read_errors_total``."""
+
+    def __init__(self, file_sd: FileSD) -> None:
+        self._file_sd = file_sd
+
+    def collect(self) -> Iterator[Metric]:
+        errors = CounterMetricFamily("sre_agent_file_sd_read_errors",
+                                     "file_sd reads refused (unreadable, malformed or over a limit); the file keeps "
+                                     "its last targets.")
+        errors.add_metric([], self._file_sd.read_errors)
+        failing = GaugeMetricFamily("sre_agent_file_sd_failing_files",
+                                    "file_sd files whose last read was refused (see /api/v1/status file_sd_errors).")
+        failing.add_metric([], self._file_sd.failing_files)
+        yield from (errors, failing)

@@ -77,7 +77,7 @@ class TargetConfig(Credentials):
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         for name in v:
-            if not _LABEL_NAME_RE.match(name) or name.startswith("__"):
+            if not _LABEL_NAME_RE.fullmatch(name) or name.startswith("__"):  # fullmatch: "$" passes "a\n"
                 raise ValueError(f"invalid label name {name!r}")
         return v
 

@@ -71,7 +71,7 @@ class ForwardConfig(ConfigModel):
     @classmethod
     def _label_names(cls, v: dict[str, str]) -> dict[str, str]:
         for name, value in v.items():
-            if not re.match(_LABEL_NAME, name):
+            if not re.fullmatch(_LABEL_NAME, name):  # fullmatch: "$" passes "a\n"
                 raise ValueError(f"{name!r} is not a Prometheus label name")
             if not value:
                 raise ValueError(f"{name}: empty value")

@@ -111,7 +111,7 @@ class HaConfig(ConfigModel):
     def _label(cls, v: str) -> str:
         if v == "":  # no replica label: both replicas write identical series (see replica_labels)
             return v
-        if not _LABEL_NAME_RE.match(v) or v.startswith("__"):
+        if not _LABEL_NAME_RE.fullmatch(v) or v.startswith("__"):  # fullmatch: "$" passes "a\n"
             raise ValueError(f"invalid label name {v!r}")
         return v
 

@@ -17,7 +17,13 @@ the next, and a call into the binding costs several times a ``re`` call on short
 What RE2 refuses (back-references, look-around, repeat counts over 1000) is a
 :class:`~agent.errors.RegexError` naming the matcher; so are the three things C++ RE2
 accepts and Go does not (``\\C``, ``(?<name>...)`` before Go 1.22, which Prometheus 2.42
-and Alertmanager 0.25 are built with, and groups nested past Go's parse-tree height).
+and Alertmanager 0.25 are built with, groups nested past Go's parse-tree height, and patterns
+past Go's program-size estimate, :mod:`agent.gocompat.regexsize`). Repeat counts follow Go's
+rules, which C++ RE2 shares: a count over 1000 (``{1001}``, ``{2,1001}``, ``{1001,}``), and
+nested repeats whose product exceeds 1000 (``(x{500}){500}``, Go's ``repeatIsValid``) are
+refused (Go: "invalid repeat count", RE2: "invalid repetition size"); so is a repeat of a
+repeat (``x{2}{2}``); a brace that is not a count (``x{1001``, ``x{01001}``) is literal text
+in both.
 
 :func:`expand` is Go's ``Regexp.Expand``, the replacement syntax of both
 ``label_replace`` and the template function ``reReplaceAll``.
@@ -33,6 +39,7 @@ from typing import Protocol
 import re2
 
 from agent.errors import RegexError
+from agent.gocompat.regexsize import too_large
 
 __all__ = ["Match", "Regexp", "compile_anchored", "compile_go", "expand", "match_anchored"]
 
@@ -134,6 +141,8 @@ def _shown(pattern: str) -> str:
 
 def _compile(text: str, pattern: str, what: str) -> Regexp:
     refused = _go_refuses(pattern, anchored=text != pattern)
+    if refused is None and too_large(text):
+        refused = "expression too large"
     if refused is not None:
         raise RegexError(f"{what}: not a regular expression in RE2 syntax: {_shown(pattern)} ({refused})")
     try:

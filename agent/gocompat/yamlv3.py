@@ -29,6 +29,19 @@ the loop down:
 * **Size**: :func:`load_file` reads at most :data:`MAX_BYTES`; a larger file is refused
   without being read in full.
 
+**Duplicate keys** are refused as yaml.v3 refuses them (its decoder's ``uniqueKeys``, on by
+default, which Prometheus' rule files and promtool rely on): two keys of one mapping, at any
+depth and in block or flow style, that are the same *as written* (same node kind and text,
+so ``1`` and ``"1"`` collide while ``1`` and ``0x1`` do not, and an alias key ``*a`` collides
+only with another ``*a``) are ``line 6: mapping key "expr" already defined at line 5``.
+Two ``<<`` merge keys in one mapping collide too; a key that overrides one brought by a
+merge does not (the mapping's own key wins, as in yaml.v3), and neither do equal keys
+from two merged mappings (the first in the merge list wins). Without this the last key
+silently won: a rule with two ``expr:`` passed our check and failed promtool's.
+
+Booleans are yaml.v3's: only ``true``/``True``/``TRUE`` and ``false``/``False``/``FALSE``;
+YAML 1.1's ``yes``, ``no``, ``on``, ``off`` stay strings (a label ``on`` is the text "on").
+
 Every refusal is a ``yaml.YAMLError`` (the loader's own error family, which each caller
 already turns into its ``ConfigError`` or ``RuleError`` naming the file), and its message
 gives counts and a position, never the expanded data. A ``MemoryError`` or
@@ -38,6 +51,7 @@ too. :func:`brief` gives callers a bounded ``repr`` for values they quote in err
 
 from __future__ import annotations
 
+import json
 import re
 import reprlib
 from pathlib import Path
@@ -67,6 +81,15 @@ MAX_ALIAS_NODES = 1_000_000
 
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
+_BOOL = "tag:yaml.org,2002:bool"
+#: How much of a duplicate key an error message quotes.
+_KEY_SHOWN = 80
+
+
+def _go_quoted(text: str) -> str:
+    """A key as yaml.v3's ``%#v`` shows it (a double-quoted Go string), cut to a bounded length."""
+    cut = text if len(text) <= _KEY_SHOWN else text[:_KEY_SHOWN] + "..."
+    return json.dumps(cut, ensure_ascii=False)
 
 
 class _Loader(yaml.SafeLoader):
@@ -104,6 +127,35 @@ class _Loader(yaml.SafeLoader):
                                 f"expansion from {self._written:,} written (limit {budget:,})", None)
         return node
 
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:  # the stubs mistype anchor (a str or None)
+        """PyYAML's composer, plus yaml.v3's duplicate-key check: a key is its node kind and its text
+        as written (an alias key is its anchor's name), compared within this one mapping."""
+        start_event = self.get_event()  # type: ignore[no-untyped-call]
+        tag = start_event.tag
+        if tag is None or tag == "!":
+            tag = self.resolve(yaml.MappingNode, None, start_event.implicit)  # type: ignore[no-untyped-call]
+        node = yaml.MappingNode(tag, [], start_event.start_mark, None, flow_style=start_event.flow_style)
+        if anchor is not None:
+            self.anchors[anchor] = node
+        seen: dict[tuple[str, str], int] = {}
+        while not self.check_event(yaml.MappingEndEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            key = self.compose_node(node, None)  # type: ignore[arg-type]
+            if isinstance(event, yaml.AliasEvent):
+                ident = ("alias", str(event.anchor))
+            else:
+                ident = (type(key).__name__, key.value if isinstance(key, yaml.ScalarNode) else "")
+            line = event.start_mark.line + 1
+            if ident in seen:
+                raise ComposerError(None, None, f"line {line}: mapping key {_go_quoted(ident[1])} "
+                                    f"already defined at line {seen[ident]}", None)
+            seen[ident] = line
+            value = self.compose_node(node, key)  # type: ignore[arg-type]
+            node.value.append((key, value))
+        end_event = self.get_event()  # type: ignore[no-untyped-call]
+        node.end_mark = end_event.end_mark
+        return node
+
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
@@ -134,9 +186,10 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT, _BOOL)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(
     _INT, re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"),

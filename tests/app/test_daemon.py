@@ -410,12 +410,27 @@ async def test_store_series_cap_counted_on_metrics_and_in_the_store(fleet: Fleet
         await agent.stop()
 
 
-async def test_file_sd_bomb_is_reported_and_the_daemon_keeps_scraping(fleet: Fleet, tmp_path: Path) -> None:
-    """A file_sd file turned into a YAML bomb inside the running daemon is a file_sd error on
-    /api/v1/status; scrape cycles go on and its last targets stay scraped."""
-    sd = tmp_path / "sd.yaml"
-    sd.write_text(f"- targets: ['{fleet.targets[0].split('/')[2]}']\n  labels: {{job: discovered}}\n")
-    agent = Agent(_config(fleet, targets=[], file_sd=[{"files": [str(sd)], "refresh_interval": "1s"}]),
+#: file_sd contents that once stopped every scrape cycle or made one take tens of seconds, and what the error says.
+_BAD_FILE_SD = {
+    "int-label-key": ("- targets: ['h9:1']\n  labels: {1: a}\n", "label names must be strings"),
+    "aliased-million-targets": ("- targets: &t [" + ", ".join(f"'h{i}:1'" for i in range(10_000)) + "]\n"
+                                + "- targets: *t\n" * 99, "more than 50,000 targets"),
+    "bad-label-name": ("- targets: ['h9:1']\n  labels: {'a-b': x}\n", "not a valid label name"),
+    "billion-laughs": (BILLION_LAUGHS, "excessive aliasing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_FILE_SD))
+async def test_bad_file_sd_is_refused_counted_and_scraping_goes_on(fleet: Fleet, tmp_path: Path, case: str) -> None:
+    """A file_sd file turned bad inside the running daemon is refused: the error is on /api/v1/status and
+    counted on /metrics, the API answers at once meanwhile, scrape cycles go on, its last targets stay, and
+    a new target in the good file beside it is scraped."""
+    content, message = _BAD_FILE_SD[case]
+    host = [t.split("/")[2] for t in fleet.targets]
+    bad, good = tmp_path / "bad.yaml", tmp_path / "good.yaml"
+    bad.write_text(f"- targets: ['{host[0]}']\n  labels: {{job: discovered}}\n")
+    good.write_text(f"- targets: ['{host[1]}']\n  labels: {{job: good}}\n")
+    agent = Agent(_config(fleet, targets=[], file_sd=[{"files": [str(bad), str(good)], "refresh_interval": "1s"}]),
                   nvml_module=FakeNvml().module, hostname="n")
     await agent.start()
     base = f"http://127.0.0.1:{agent.port}"
@@ -424,18 +439,32 @@ async def test_file_sd_bomb_is_reported_and_the_daemon_keeps_scraping(fleet: Fle
         return agent.stats.scrape_cycles if agent.stats.scrape_cycles > n else None
 
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
             async def sd_error() -> str | None:
-                async with http.get(f"{base}/api/v1/status") as r:
+                async with http.get(f"{base}/api/v1/status") as r:  # the 2 s client timeout bounds each answer
                     errors: dict[str, str] = (await r.json())["data"]["file_sd_errors"]
-                return errors.get(str(sd))
+                return errors.get(str(bad))
+
+            async def read_errors() -> float | None:
+                async with http.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                values = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                          if s.name == "sre_agent_file_sd_read_errors_total"]
+                return values[0] if values and values[0] >= 1 else None
 
             cycles = await eventually(lambda: cycles_past(0), what="a first scrape cycle")
-            sd.write_text(BILLION_LAUGHS)
+            bad.write_text(content)
+            good.write_text(f"- targets: ['{host[1]}', '{host[2]}']\n  labels: {{job: good}}\n")
             error = await eventually(sd_error, what="the file_sd error on /api/v1/status")
-        assert "excessive aliasing" in error and "lol" not in error
-        await eventually(lambda: cycles_past(cycles + 1), what="two more scrape cycles")
-        assert [t["job"] for t in agent.targets_json()] == ["discovered"]
+            assert message in error and len(error) < 600
+            await eventually(read_errors, what="sre_agent_file_sd_read_errors_total on /metrics")
+        await eventually(lambda: cycles_past(cycles + 2), what="more scrape cycles")
+
+        async def all_scraped() -> list[tuple[str, str]] | None:
+            got = sorted((t["job"], t["health"]) for t in agent.targets_json())
+            return got if got == [("discovered", "up"), ("good", "up"), ("good", "up")] else None
+
+        await eventually(all_scraped, what="the kept and the new targets scraped")
     finally:
         await agent.stop()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_changed_file_reloaded_and_deleted_file_dropped(tmp_path: Path) -> None:
         ('{"targets": []}', "expected a list"),
         ('[{"targets": "h:1"}]', "expected {targets"),
         ('[{"targets": ["http://h:1/metrics"]}]', "expected host:port"),
-        ('[{"targets": ["h:1"], "labels": {"a": 1}}]', "mapping of strings"),
+        ('[{"targets": ["h:1"], "labels": {"a": 1}}]', "label values must be strings"),
     ],
 )
 def test_file_sd_errors_name_the_entry(tmp_path: Path, content: str, message: str) -> None:
@@ -149,3 +150,109 @@ def test_file_sd_bad_target_quoted_briefly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected host:port") as err:
         parse_file_sd(f, "vllm")
     assert len(str(err.value)) < len(str(f)) + 150
+
+
+#: Files Prometheus' file_sd refuses, or that name what no scrape can use, as (file name, content, what the
+#: error says). Each replaces a good file: the file's last targets must stay and the others go on.
+BAD_FILES = {
+    "int-label-key": ("sd.yaml", "- targets: ['h2:1']\n  labels: {1: a}\n", "label names must be strings"),
+    "bool-label-key": ("sd.yaml", "- targets: ['h2:1']\n  labels: {true: a}\n", "label names must be strings"),
+    "null-label-key": ("sd.yaml", "- targets: ['h2:1']\n  labels: {~: a}\n", "label names must be strings"),
+    "int-label-value": ("sd.json", '[{"targets": ["h2:1"], "labels": {"a": 1}}]', "label values must be strings"),
+    "list-label-value": ("sd.yaml", "- targets: ['h2:1']\n  labels: {a: [x]}\n", "label values must be strings"),
+    "null-label-value": ("sd.yaml", "- targets: ['h2:1']\n  labels: {a: ~}\n", "label values must be strings"),
+    "dash-label-name": ("sd.json", '[{"targets": ["h2:1"], "labels": {"bad-name": "x"}}]', "not a valid label name"),
+    "digit-label-name": ("sd.yaml", "- targets: ['h2:1']\n  labels: {'1abc': x}\n", "not a valid label name"),
+    "newline-label-name": ("sd.json", '[{"targets": ["h2:1"], "labels": {"a\\n": "x"}}]', "not a valid label name"),
+    "empty-label-name": ("sd.json", '[{"targets": ["h2:1"], "labels": {"": "x"}}]', "not a valid label name"),
+    "int-target": ("sd.yaml", "- targets: [8000]\n", "expected host:port"),
+    "mapping-target": ("sd.yaml", "- targets: [{h: 1}]\n", "expected host:port"),
+    "null-target": ("sd.json", '[{"targets": [null]}]', "expected host:port"),
+    "space-in-target": ("sd.json", '[{"targets": ["h 2:1"]}]', "expected host:port"),
+    "surrogate-target": ("sd.json", '[{"targets": ["h\\ud8002:1"]}]', "not valid UTF-8"),
+    "surrogate-value": ("sd.json", '[{"targets": ["h2:1"], "labels": {"a": "\\udc00"}}]', "not valid UTF-8"),
+    "mapping-top-level": ("sd.yaml", "targets: ['h2:1']\n", "expected a list of target groups"),
+    "scalar-top-level": ("sd.json", '"h2:1"', "expected a list of target groups"),
+    "group-not-mapping": ("sd.yaml", "- h2:1\n", "expected {targets"),
+    "labels-not-mapping": ("sd.yaml", "- targets: ['h2:1']\n  labels: [a, b]\n", "expected a mapping"),
+    "duplicate-key": ("sd.yaml", "- targets: ['h2:1']\n  targets: ['h3:1']\n", 'mapping key "targets" already'),
+    "too-many-targets": ("sd.yaml", "- targets: &t [" + ", ".join(f"'h{i}:1'" for i in range(600)) + "]\n"
+                         + "- targets: *t\n" * 99, "targets in one file"),
+    "too-many-labels": ("sd.yaml", "- targets: &t [" + ", ".join(f"'h{i}:1'" for i in range(100)) + "]\n"
+                        "  labels: &l {" + ", ".join(f"l{i}: v" for i in range(90)) + "}\n"
+                        + "- {targets: *t, labels: *l}\n" * 120, "target labels in one file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_file_refused_counted_and_its_targets_kept(tmp_path: Path, case: str) -> None:
+    """A file_sd file that turns bad is refused and counted; its last targets stay, and a good file beside it
+    keeps being read (a new target there appears)."""
+    name, content, message = BAD_FILES[case]
+    good, bad = tmp_path / "good.json", tmp_path / name
+    good.write_text(json.dumps([{"targets": ["h1:1"]}]))
+    bad.write_text(json.dumps([{"targets": ["h2:1"], "labels": {"model": "m"}}]) if name.endswith(".json")
+                   else "- targets: ['h2:1']\n  labels: {model: m}\n")
+    sd = FileSD([FileSDConfig(files=[str(good), str(bad)])], clock=lambda: 0.0)
+    assert sorted(s.instance for s in sd.refresh()) == ["h1:1", "h2:1"]
+    assert sd.read_errors == 0
+    bad.write_text(content, encoding="utf-8", errors="surrogatepass")
+    os.utime(bad, (2e9, 2e9))
+    good.write_text(json.dumps([{"targets": ["h1:1", "h9:1"]}]))
+    os.utime(good, (2e9, 2e9))
+    specs = sd.refresh()
+    assert sorted((s.instance, dict(s.labels).get("model")) for s in specs) == [
+        ("h1:1", None), ("h2:1", "m"), ("h9:1", None)]
+    errors = sd.errors()
+    assert list(errors) == [str(bad)] and message in errors[str(bad)], errors
+    assert len(errors[str(bad)]) < 600
+    assert sd.read_errors == 1
+
+
+def test_first_read_of_a_bad_file_gives_no_targets_and_is_counted(tmp_path: Path) -> None:
+    """A file bad from the start contributes nothing, counts once per read, and the scrape goes on."""
+    (tmp_path / "a.yaml").write_text("- targets: ['h1:1']\n  labels: {1: a}\n")
+    (tmp_path / "b.yaml").write_text("- targets: ['h2:1']\n")
+    now = [0.0]
+    sd = FileSD([FileSDConfig.model_validate({"files": [str(tmp_path / "*.yaml")], "refresh_interval": "10s"})],
+                clock=lambda: now[0])
+    assert [s.instance for s in sd.refresh()] == ["h2:1"]
+    assert sd.read_errors == 1 and sd.failing_files == 1
+    now[0] = 20.0  # refresh_interval passed: re-read, refused again, counted again
+    assert [s.instance for s in sd.refresh()] == ["h2:1"]
+    assert sd.read_errors == 2 and sd.failing_files == 1
+
+
+def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO matching a file_sd glob is refused at once: reading it would block the discovery thread for good."""
+    fifo = tmp_path / "sd.json"
+    os.mkfifo(fifo)
+    sd = FileSD([FileSDConfig(files=[str(fifo)])], clock=lambda: 0.0)
+    assert sd.refresh() == []
+    assert "not a regular file" in sd.errors()[str(fifo)]
+
+
+def test_a_good_file_of_many_targets_parses_quickly(tmp_path: Path) -> None:
+    """20,000 targets (two groups of 10,000 with shared labels) parse in a few seconds, not tens."""
+    f = tmp_path / "sd.json"
+    addrs = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(10_000)]
+    f.write_text(json.dumps([{"targets": addrs, "labels": {"model": "a"}}, {"targets": addrs, "labels": {"x": "b"}}]))
+    t0 = time.perf_counter()
+    assert len(parse_file_sd(f, "vllm")) == 20_000
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize(("labels", "url", "want"), [
+    ({"job": ""}, "http://h:1/metrics", {"job": "vllm", "instance": "h:1"}),
+    ({"model": "", "zone": "a"}, "http://h:1/metrics", {"job": "vllm", "instance": "h:1", "zone": "a"}),
+    ({"__metrics_path__": "m"}, "http://h:1/m", {"job": "vllm", "instance": "h:1"}),
+    ({"__metrics_path__": "", "__scheme__": ""}, "http://h:1/metrics", {"job": "vllm", "instance": "h:1"}),
+    ({"__scheme__": "https", "__metrics_path__": "/x/y"}, "https://h:1/x/y", {"job": "vllm", "instance": "h:1"}),
+])
+def test_empty_labels_are_unset_and_paths_get_their_slash(tmp_path: Path, labels: dict[str, str], url: str,
+                                                           want: dict[str, str]) -> None:
+    """An empty label counts as unset (no target with job ""), and a metrics path without "/" gets one."""
+    f = tmp_path / "sd.json"
+    f.write_text(json.dumps([{"targets": ["h:1"], "labels": labels}]))
+    (spec,) = parse_file_sd(f, "vllm")
+    assert (spec.url, dict(spec.labels)) == (url, want)

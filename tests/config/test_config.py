@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -348,3 +349,33 @@ def test_nvml_hostname_from_the_environment(tmp_path: Path) -> None:
     path.write_text("nvml:\n  hostname: a\n  hostname_env: NODE_NAME\n")
     with pytest.raises(ConfigError, match="not both"):
         load_config(path, environ={"NODE_NAME": "b"})
+
+
+@pytest.mark.parametrize(("text", "line", "key", "first"), [
+    ("server:\n  listen: 127.0.0.1:9400\n  auth: {type: basic}\nserver:\n  listen: 0.0.0.0:9400\n", 4, "server", 1),
+    ("scrape:\n  interval: 5s\n  timeout: 2s\n  interval: 10s\n", 4, "interval", 2),
+    ("targets:\n  - {url: 'http://a:8000/metrics', job: a, job: b}\n", 2, "job", 2),
+    ("targets:\n  - url: http://a:8000/metrics\n    labels:\n      model: x\n      \"model\": y\n", 5, "model", 4),
+    ("nvml: {enabled: false}\nnvml:\n  enabled: true\n", 2, "nvml", 1),
+], ids=["server-twice", "scrape-key", "flow-target", "quoted-label", "flow-then-block"])
+def test_duplicate_keys_are_config_errors_naming_file_line_and_key(
+        tmp_path: Path, text: str, line: int, key: str, first: int) -> None:
+    """A key given twice, at any depth, is refused as yaml.v3 refuses it, not silently the last one winning."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f'{path}: not valid YAML: line {line}: mapping key "{key}" already defined at line {first}'
+
+
+@pytest.mark.parametrize(("section", "name"), [
+    ({"targets": [{"url": "http://a:8000/metrics", "labels": {"{name}": "x"}}]}, "targets[0].labels"),
+    ({"ha": {"replica_label": "{name}"}}, "ha.replica_label"),
+    ({"forward": {"url": "http://c:9400", "labels": {"{name}": "x"}}}, "forward.labels"),
+], ids=["target-labels", "ha-replica-label", "forward-labels"])
+@pytest.mark.parametrize("bad", ["a\n", "a\nb", "1a", "a-b"])
+def test_label_names_are_whole_prometheus_label_names(tmp_path: Path, section: dict[str, Any], name: str,
+                                                      bad: str) -> None:
+    """A label name with a trailing newline (which "$" lets through) or any other invalid form is refused."""
+    text = json.dumps(section).replace("{name}", bad.replace("\n", "\\n"))
+    errors = _errors(tmp_path, text)
+    assert len(errors) == 1 and errors[0].startswith(f"{name}: ") and repr(bad) in errors[0], errors

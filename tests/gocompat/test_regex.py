@@ -9,15 +9,20 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import RegexError
+from agent.config import Config
+from agent.errors import ConfigError, RegexError, RuleError, StoreError
 from agent.gocompat.regex import compile_anchored, compile_go, expand, match_anchored
-from agent.matchers import AlertMatcher
+from agent.matchers import AlertMatcher, parse_matcher
+from agent.rules.files import load_rule_files
+from agent.store import SeriesMatcher
 from tests.conftest import REPO
 
 _ADDR = re.compile(r"(?P<host>[^:]+):(\d+)")
@@ -180,3 +185,74 @@ def test_group_nesting_limit_is_gos_as_amtool_shows(tmp_path: Path) -> None:
             with pytest.raises(RegexError, match="expression nests too deeply") as err:
                 AlertMatcher("a", "=~", pattern)
             assert len(str(err.value)) < 400  # the 2,000-character pattern is cut, not echoed
+
+
+#: Repeat counts Go's regexp/syntax refuses (a count over 1000, nested counts whose product is over 1000, a
+#: repeat of a repeat, and the program-size estimate), and their nearest twins it accepts.
+REPEATS_REFUSED = ["x{1001}", "x{1001,}", "x{2,1001}", "x{1000,1001}", "x{1000}{1000}", "(x{500}){500}",
+                   "(?:x{2}){501}", "(?:(?:x{10}){10}){11}", "(?i)x{5000}", "(?:" + "a*" * 1119 + "){1000}"]
+REPEATS_ACCEPTED = ["x{1000}", "x{1000,}", "x{0,1000}", "(?:x{2}){500}", "(?:(?:x{10}){10}){10}", "x{1001",
+                    "x{01001}", "x{,1001}"]
+#: Just under Go's size limit: Go (and everything but the rule loader) accepts it.
+BIG_ACCEPTED = "(?:" + "a*" * 1118 + "){1000}"
+
+
+def _rule_file(pattern: str) -> Path:
+    folder = Path(tempfile.mkdtemp())
+    path = folder / "r.rules.yaml"
+    path.write_text("groups:\n  - name: g\n    rules:\n      - record: r\n        expr: up{job=~"
+                    + json.dumps(pattern) + "}\n")
+    return path
+
+
+def _every_entry(pattern: str) -> list[str]:
+    """Each place a user's regex reaches: what it says (``"ok"`` or the error's type), in a fixed order."""
+    matcher = "a=~" + json.dumps(pattern)
+    attempts: list[Callable[[], object]] = [
+        lambda: compile_go(pattern, what="regexp"),  # template functions, the planner's ignore lists
+        lambda: compile_anchored(pattern, what="label_replace()"),
+        lambda: parse_matcher(matcher),  # silences (API, UI, state file), routes, actions
+        lambda: SeriesMatcher("job", "=~", pattern),  # PromQL selectors
+        lambda: load_rule_files([_rule_file(pattern)]),  # rules check, the rule manager
+        lambda: Config.model_validate({"actions": [{"type": "diagnose", "match_re": {"a": pattern}}]}),
+    ]
+    out = []
+    for attempt in attempts:
+        try:
+            attempt()
+            out.append("ok")
+        except (RegexError, StoreError, RuleError, ConfigError, ValueError) as exc:
+            if not isinstance(exc, RuleError):  # promql-parser's own message quotes a regex whole
+                assert len(str(exc)) < 1200  # a long pattern is cut in the message, not echoed
+            out.append(type(exc).__name__)
+    return out
+
+
+@pytest.mark.parametrize("pattern", REPEATS_REFUSED, ids=lambda p: p[:24])
+def test_repeat_counts_go_refuses_are_refused_everywhere(pattern: str) -> None:
+    """Every entry point for a user's regex refuses what Go's regexp refuses, with its own error."""
+    assert "ok" not in _every_entry(pattern)
+
+
+@pytest.mark.parametrize("pattern", [*REPEATS_ACCEPTED, pytest.param(BIG_ACCEPTED, marks=pytest.mark.xfail(
+    strict=True, reason="promql-parser's own (Rust regex) check refuses it in a rule's selector before ours runs"))],
+    ids=lambda p: p[:24])
+def test_repeat_counts_go_accepts_are_accepted_everywhere(pattern: str) -> None:
+    """The nearest twins Go accepts (a count of 1000, a brace that is not a count) pass every entry point."""
+    assert _every_entry(pattern) == ["ok"] * 6
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None or shutil.which("promtool") is None,
+                    reason="amtool and promtool not installed (CI installs prometheus and prometheus-alertmanager)")
+@pytest.mark.parametrize("pattern", [*REPEATS_REFUSED, *REPEATS_ACCEPTED, BIG_ACCEPTED], ids=lambda p: p[:24])
+def test_repeat_counts_agree_with_amtool_and_promtool(tmp_path: Path, pattern: str) -> None:
+    """Differential: Alertmanager (a route matcher) and Prometheus (a rule's selector) accept exactly these."""
+    config = tmp_path / "am.yml"
+    config.write_text("route:\n  receiver: r\n  routes:\n    - receiver: r\n      matchers: ["
+                      + json.dumps("a=~" + json.dumps(pattern)) + "]\nreceivers:\n  - name: r\n")
+    amtool = subprocess.run([str(shutil.which("amtool")), "check-config", str(config)], capture_output=True,
+                            timeout=60, check=False)
+    promtool = subprocess.run([str(shutil.which("promtool")), "check", "rules", str(_rule_file(pattern))],
+                              capture_output=True, timeout=60, check=False)
+    ours = pattern in (*REPEATS_ACCEPTED, BIG_ACCEPTED)
+    assert (amtool.returncode == 0, promtool.returncode == 0) == (ours, ours)

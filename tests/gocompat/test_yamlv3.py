@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import tracemalloc
 from pathlib import Path
@@ -18,6 +19,17 @@ def test_base60_forms_stay_strings() -> None:
     """A PCI bus id and 1:30 stay strings, as in yaml.v3; decimal, hex and floats still resolve."""
     assert yamlv3.load("a: 00000000:18:00.0\nb: 1:30\nc: 0x1f\nd: 1.5\ne: 10\n") == {
         "a": "00000000:18:00.0", "b": "1:30", "c": 31, "d": 1.5, "e": 10}
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("true", True), ("True", True), ("TRUE", True), ("false", False), ("False", False), ("FALSE", False),
+    ("yes", "yes"), ("no", "no"), ("on", "on"), ("off", "off"), ("Yes", "Yes"), ("OFF", "OFF"), ("y", "y"),
+    ("n", "n"), ("tRuE", "tRuE"),
+])
+def test_booleans_are_yaml_v3s(text: str, want: object) -> None:
+    """Only true/false in three spellings are booleans, as in yaml.v3; YAML 1.1's yes/no/on/off stay text."""
+    assert yamlv3.load(f"k: {text}\n") == {"k": want}
+    assert yamlv3.load(f"{text}: 1\n") == {want: 1}
 
 
 def test_billion_laughs_refused_fast_in_little_memory() -> None:
@@ -111,3 +123,44 @@ def test_brief_is_bounded_and_lazy() -> None:
     text = yamlv3.brief(big)
     assert len(text) < 120 and time.perf_counter() - t0 < 1
     assert yamlv3.brief("short") == "'short'"
+
+
+@pytest.mark.parametrize(("doc", "line", "key", "first"), [
+    ("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: up\n    expr: down\n", 6, "expr", 5),
+    ("server:\n  auth: {type: basic}\nserver:\n  listen: x\n", 3, "server", 1),
+    ("a:\n  b:\n    c: {d: 1, e: 2, d: 3}\n", 3, "d", 3),
+    ("- {x: 1}\n- [{y: 1, y: 2}]\n", 2, "y", 2),
+    ("1: a\n\"1\": b\n", 2, "1", 1),
+    ("'k': a\nk: b\n", 2, "k", 1),
+    ("!!str 7: a\n7: b\n", 2, "7", 1),
+    ("<<: {a: 1}\n<<: {b: 2}\n", 2, "<<", 1),
+    ("a: &x k\n*x : 1\n*x : 2\n", 3, "x", 2),
+    ("? |\n  multi\n: 1\n\"multi\\n\": 2\n", 4, "multi\n", 1),
+])
+def test_duplicate_mapping_keys_refused_as_yaml_v3(doc: str, line: int, key: str, first: int) -> None:
+    """A key given twice in one mapping, at any depth and in any style, is yaml.v3's error with both lines."""
+    with pytest.raises(yaml.YAMLError) as err:
+        yamlv3.load(doc)
+    quoted = json.dumps(key)
+    assert str(err.value) == f"line {line}: mapping key {quoted} already defined at line {first}"
+
+
+@pytest.mark.parametrize(("doc", "want"), [
+    ("on: 1\ntrue: 2\n", {"on": 1, True: 2}),  # different text: yaml.v3 compares the scalars as written
+    ("1: a\n0x1: b\n", {1: "b"}),  # equal once resolved, different as written: the last wins, as in yaml.v3
+    ("b: &b {x: 1, y: 2}\nm: {<<: *b, x: 3}\n", {"b": {"x": 1, "y": 2}, "m": {"x": 3, "y": 2}}),
+    ("a: &a {x: 1}\nb: &b {x: 2}\nm: {<<: [*a, *b]}\n", {"a": {"x": 1}, "b": {"x": 2}, "m": {"x": 1}}),
+    ("a: &x k\n*x : 1\n", {"a": "k", "k": 1}),  # an alias key and its anchor's text are different nodes
+    ("a: {k: 1}\nb: {k: 1}\n", {"a": {"k": 1}, "b": {"k": 1}}),
+])
+def test_keys_yaml_v3_does_not_call_duplicates_load(doc: str, want: object) -> None:
+    """Keys that differ as written, keys overriding a merge, and merged duplicates load as in yaml.v3."""
+    assert yamlv3.load(doc) == want
+
+
+def test_duplicate_key_message_is_bounded() -> None:
+    """A hostile 100 KB duplicate key is cut in the message, not echoed whole."""
+    key = "k" * 100_000
+    with pytest.raises(yaml.YAMLError) as err:
+        yamlv3.load(f"? {key}\n: 1\n? {key}\n: 2\n")  # explicit keys: a plain key is at most 1024
+    assert len(str(err.value)) < 300 and "already defined at line 1" in str(err.value)

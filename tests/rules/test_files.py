@@ -116,3 +116,41 @@ def test_huge_rule_file_refused(tmp_path: Path) -> None:
     with pytest.raises(RuleError, match="byte limit") as err:
         load_rule_files([path])
     assert str(path) in str(err.value)
+
+
+#: Rule files with a key given twice, as (file text, line of the second key, the key, line of the first).
+DUPLICATE_KEYS = {
+    "expr": ("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n        expr: up == 1\n",
+             6, "expr", 5),
+    "labels-nested": ("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up\n        labels:\n"
+                      "          severity: page\n          severity: ticket\n", 8, "severity", 7),
+    "flow-annotations": ("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up\n"
+                         "        annotations: {summary: a, summary: b}\n", 6, "summary", 6),
+    "group-name": ("groups:\n  - name: g\n    name: h\n    rules: []\n", 3, "name", 2),
+    "top-level": ("groups: []\ngroups:\n  - name: g\n    rules: []\n", 2, "groups", 1),
+    "quoted-twin": ("groups:\n  - name: g\n    rules:\n      - record: a\n        'expr': x\n        expr: y\n",
+                    6, "expr", 5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DUPLICATE_KEYS))
+def test_duplicate_keys_refused_naming_file_line_and_key(tmp_path: Path, case: str) -> None:
+    """A key given twice anywhere in a rule file is refused as yaml.v3 (promtool) does: file, line and key."""
+    text, line, key, first = DUPLICATE_KEYS[case]
+    f = _file(tmp_path, text)
+    with pytest.raises(RuleError) as info:
+        load_rule_files([f])
+    (err,) = info.value.errors
+    assert err == f'{f}: not valid YAML: line {line}: mapping key "{key}" already defined at line {first}'
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs Debian's prometheus)")
+@pytest.mark.parametrize("case", sorted(DUPLICATE_KEYS))
+def test_promtool_rejects_the_duplicate_keys_we_reject(tmp_path: Path, case: str) -> None:
+    """Differential: promtool check rules refuses every rule file with a duplicate key, naming the same line."""
+    text, line, key, first = DUPLICATE_KEYS[case]
+    bad = _file(tmp_path, text)
+    res = subprocess.run([shutil.which("promtool") or "promtool", "check", "rules", str(bad)],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode != 0, res.stdout
+    assert f'line {line}: mapping key "{key}" already defined at line {first}' in res.stdout + res.stderr

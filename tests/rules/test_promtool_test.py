@@ -111,3 +111,23 @@ def test_agent_and_promtool_agree_on_shifted_tests(path: Path, tmp_path: Path) -
     assert ours == theirs, f"only the agent failed: {sorted(ours - theirs)}; only promtool: {sorted(theirs - ours)}"
     assert theirs, "no variant failed: the shifts did not exercise any boundary"
     assert len(theirs) < len(variants["tests"]), "every variant failed: the shifts are too coarse to compare"
+
+
+@pytest.mark.parametrize(("text", "line", "key", "first"), [
+    ("rule_files: []\nevaluation_interval: 1m\nevaluation_interval: 5m\ntests: []\n", 3, "evaluation_interval", 2),
+    ("rule_files: []\ntests:\n  - interval: 1m\n    input_series:\n      - series: up\n        values: '1'\n"
+     "        series: down\n", 7, "series", 5),
+    ("rule_files: []\ntests:\n  - alert_rule_test:\n      - {eval_time: 1m, alertname: A, eval_time: 2m}\n",
+     4, "eval_time", 4),
+    ("rule_files: []\ntests:\n  - promql_expr_test:\n      - expr: up\n        eval_time: 1m\n        exp_samples:\n"
+     "          - labels: 'up'\n            value: 1\n            labels: 'down'\n", 9, "labels", 7),
+], ids=["top-level", "input-series", "flow-alert-test", "exp-samples"])
+def test_duplicate_keys_in_a_test_file_fail_it_naming_line_and_key(
+        tmp_path: Path, text: str, line: int, key: str, first: int) -> None:
+    """A promtool test file with a key given twice fails to load, as promtool's yaml.v3 refuses it."""
+    path = tmp_path / "dup.test.yaml"
+    path.write_text(text)
+    result = run_test_file(path)
+    assert not result.ok
+    want = f'cannot read test file: line {line}: mapping key "{key}" already defined at line {first}'
+    assert result.failures == [want]
