@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -49,12 +50,13 @@ from agent.act.notification import AlertSnapshot
 from agent.app.served import ServedLengths, served_lengths, with_served_length
 from agent.config import GPU_MEMORY_ALERTS, Config
 from agent.diagnose.findings import Finding, runbook_url
-from agent.diagnose.logtail import LogTailer
+from agent.diagnose.logtail import LogTailer, bounded_lines
 from agent.diagnose.nccl import judge
 from agent.diagnose.nccl.interconnects import check_configured
 from agent.diagnose.nccl.run import command_from_config, run_nccl
 from agent.diagnose.oom.context import HISTORY_MS
 from agent.diagnose.oom.evidence import parse_evidence
+from agent.diagnose.oom.lines import is_request_log
 from agent.diagnose.oom.verdict import (
     DEFAULT_UTILIZATION,
     OomContext,
@@ -115,6 +117,7 @@ class Diagnostics:
         oom = self._cfg.oom
         self._tailer = LogTailer(oom.log_files) if oom.enabled and oom.log_files else None
         self._context: dict[str, dict[int, str]] = {}  # path -> context kind -> last line of that kind
+        self._scan_lock = threading.Lock()
         for path in self._tailer.followed if self._tailer is not None else []:
             self._prime_context(path)
         self._health: dict[str, str] = {}
@@ -142,24 +145,54 @@ class Diagnostics:
 
     # -- OOM from tailed logs --------------------------------------------------------------------
     def poll_logs(self) -> list[Finding]:
-        """Read what the tailed logs gained; diagnose it if it holds OOM evidence."""
+        """Read what the tailed logs gained; diagnose it if it holds OOM evidence (here, blocking:
+        the daemon awaits :meth:`poll_logs_async`)."""
         if self._tailer is None:
             return []
-        new: dict[str, list[str]] = {}
-        for path, line in self._tailer.poll():
-            new.setdefault(path, []).append(line)
         now_ms = int(self._clock() * 1000)
-        out: list[Finding] = []
-        for path, lines in new.items():
-            context = self._take_context(path, lines)
-            if not parse_evidence(lines)[0]:  # the usual poll: stats lines, nothing to diagnose
-                continue
-            for found in diagnose_oom([*context, *lines], context=self._local_context(now_ms),
-                                      runbook_base=self._cfg.runbook_base_url):
-                f = replace(found, labels={**found.labels, "log_file": path})
-                if self._emit(f, None, now_ms):
-                    out.append(f)
-        return out
+        found = self._diagnose_logs(self._scan_logs(), self._local_context(now_ms))
+        return self._post_log_findings(found, now_ms)
+
+    @property
+    def tailer(self) -> LogTailer | None:
+        """The tailer of ``diagnostics.oom.log_files`` (None when there are none)."""
+        return self._tailer
+
+    async def poll_logs_async(self) -> list[Finding]:
+        """:meth:`poll_logs` for the event loop: reading the files and matching the lines (a long
+        backlog, megabytes of request log) run in a worker thread; the store is read and the findings
+        are posted on the loop."""
+        if self._tailer is None:
+            return []
+        now_ms = int(self._clock() * 1000)
+        evidence = await asyncio.to_thread(self._scan_logs)
+        if not evidence:  # the usual poll: stats lines, nothing to diagnose
+            return []
+        found = await asyncio.to_thread(self._diagnose_logs, evidence, self._local_context(now_ms))
+        return self._post_log_findings(found, now_ms)
+
+    def _scan_logs(self) -> dict[str, list[str]]:
+        """Blocking: the new lines of each tailed file that hold OOM evidence, after that file's
+        remembered start-up lines."""
+        assert self._tailer is not None
+        with self._scan_lock:  # one scan at a time: the tailer and the context memory are not shared
+            new: dict[str, list[str]] = {}
+            for path, line in self._tailer.poll():
+                new.setdefault(path, []).append(line)
+            evidence: dict[str, list[str]] = {}
+            for path, lines in new.items():
+                context = self._take_context(path, lines)
+                if parse_evidence(lines)[0]:
+                    evidence[path] = [*context, *lines]
+            return evidence
+
+    def _diagnose_logs(self, evidence: dict[str, list[str]], context: OomContext) -> list[Finding]:
+        """Blocking: the findings of each file's evidence, labelled with the file."""
+        return [replace(found, labels={**found.labels, "log_file": path}) for path, lines in evidence.items()
+                for found in diagnose_oom(lines, context=context, runbook_base=self._cfg.runbook_base_url)]
+
+    def _post_log_findings(self, found: list[Finding], now_ms: int) -> list[Finding]:
+        return [f for f in found if self._emit(f, None, now_ms)]
 
     def _take_context(self, path: str, lines: list[str]) -> list[str]:
         """The remembered start-up lines of ``path`` that still describe the engine writing
@@ -181,9 +214,10 @@ class Diagnostics:
             with open(path, "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
                 fh.seek(max(0, size - _PRIME_BYTES))
+                raws = bounded_lines(fh)  # cut as the tailer cuts them: a line may be a user's megabytes
                 if size > _PRIME_BYTES:
-                    fh.readline()  # the cut first line
-                lines = [raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in fh
+                    next(raws, None)  # the cut first line
+                lines = [raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in raws
                          if any(m in raw for m in _CONTEXT_BYTES)]
         except OSError as exc:
             log.warning("log file unreadable", path=path, error=str(exc))
@@ -362,22 +396,30 @@ class Diagnostics:
                 self._emit(f, alert, now_ms)
         return verdict, findings
 
+    def _close_tailer(self) -> None:
+        assert self._tailer is not None
+        with self._scan_lock:
+            self._tailer.close()
+
     async def stop(self) -> None:
         if self._nccl_task is not None and not self._nccl_task.done():
             self._nccl_task.cancel()
         for task in list(self._history_tasks):
             task.cancel()
         if self._tailer is not None:
-            self._tailer.close()
+            await asyncio.to_thread(self._close_tailer)  # after a scan in flight, not under it
 
 
 def _context_kind(line: str) -> int | None:
-    """The index in :data:`_CONTEXT_MARKERS` of a start-up line, None for any other line."""
-    return next((i for i, markers in enumerate(_CONTEXT_MARKERS) if any(m in line for m in markers)), None)
+    """The index in :data:`_CONTEXT_MARKERS` of a start-up line, None for any other line (and for the
+    request logger's: a prompt that quotes start-up lines neither replaces them nor starts a new run)."""
+    kind = next((i for i, markers in enumerate(_CONTEXT_MARKERS) if any(m in line for m in markers)), None)
+    return None if kind is None or is_request_log(line) else kind
 
 
 class DiagnosticsCollector(Collector):
-    """Findings by kind and the last nccl-tests result, on the agent's /metrics."""
+    """Findings by kind, tailed log lines cut to the line bound, and the last nccl-tests result,
+    on the agent's /metrics."""
 
     def __init__(self, diagnostics: Diagnostics) -> None:
         self._d = diagnostics
@@ -387,6 +429,9 @@ class DiagnosticsCollector(Collector):
         for kind, n in sorted(self._d.findings_total.items()):
             found.add_metric([kind], n)
         yield found
+        if (tailer := self._d.tailer) is not None:
+            yield CounterMetricFamily("sre_agent_oom_log_lines_cut", "Tailed log lines longer than the line bound, "
+                                      "read only to it for OOM evidence.", value=tailer.lines_cut)
         if self._d.nccl_last is None:
             return
         result, verdict, at_ms = self._d.nccl_last

@@ -79,10 +79,10 @@ def _read(files: list[str], stdin: TextIO) -> list[str]:
     lines: list[str] = []
     for name in files or ["-"]:
         if name == "-":
-            lines.extend(stdin.read().splitlines())
+            lines.extend(stdin.read().split("\n"))  # lines end at newlines only, as in a log file
         else:
             with open(name, encoding="utf-8", errors="replace") as fh:
-                lines.extend(fh.read().splitlines())
+                lines.extend(fh.read().split("\n"))
         lines.append("")  # files do not run into each other (a JSON document stays whole per file)
     return lines
 

@@ -19,22 +19,41 @@ What a tailer has to survive, and how:
 * **partial last lines** are held until their newline arrives, so a line is never split.
 
 ``max_bytes_per_poll`` bounds the bytes read from each file per poll (a multi-GiB backlog
-does not stall the loop; the rest comes on later polls); a "line" longer than that with no
-newline is returned in pieces of that size rather than buffered without bound.
+does not stall a poll; the rest comes on later polls). ``max_line_bytes`` bounds a line: a
+longer one (a user's prompt echoed by the request logger, binary junk) is returned once, cut
+to that many bytes, and the rest of it up to its newline is skipped and counted in
+:attr:`LogTailer.lines_cut`. Returning the rest in pieces would make its middle look like
+lines of their own, each starting wherever the cut fell, with text a user chose.
+
+:meth:`LogTailer.poll` reads files: blocking work, so the daemon calls it in a worker thread.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import structlog
 
-__all__ = ["LogTailer"]
+__all__ = ["MAX_LINE_BYTES", "LogTailer", "bounded_lines"]
 
 log = structlog.get_logger(__name__)
+
+#: The default line bound: vLLM's, PyTorch's and the kernel's own lines are a few KiB at most.
+MAX_LINE_BYTES = 64 * 1024
+
+
+def bounded_lines(fh: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of ``fh`` from where it stands, with their newline, each cut to ``limit`` bytes: the
+    rest of a longer line is read past, never held (what the tailer returns, for a file read whole)."""
+    while line := fh.readline(limit + 1):
+        chunk = line
+        while chunk and not chunk.endswith(b"\n"):  # a cut line: skip to its newline
+            chunk = fh.readline(limit + 1)
+        yield line[:limit]
 
 
 @dataclass
@@ -43,16 +62,22 @@ class _Followed:
     ident: tuple[int, int]  # (st_dev, st_ino) of the file the handle has open
     offset: int
     partial: bytes = b""
+    skipping: bool = False  # inside the rest of a cut line: drop bytes up to its newline
 
 
 class LogTailer:
     """Tails ``paths`` (files or glob patterns). Call :meth:`close` (or use ``with``) when done."""
 
-    def __init__(self, paths: list[str], *, from_start: bool = False, max_bytes_per_poll: int = 1 << 20) -> None:
+    def __init__(self, paths: list[str], *, from_start: bool = False, max_bytes_per_poll: int = 1 << 20,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
         if max_bytes_per_poll < 1:
             raise ValueError("max_bytes_per_poll must be positive")
+        if max_line_bytes < 1:
+            raise ValueError("max_line_bytes must be positive")
         self._patterns = list(paths)
         self._max = max_bytes_per_poll
+        self._max_line = max_line_bytes
+        self.lines_cut = 0  # lines longer than max_line_bytes, returned cut
         self._files: dict[str, _Followed] = {}
         self._missing_logged: set[str] = set()
         for path in self._expand():
@@ -102,7 +127,7 @@ class LogTailer:
             elif st.st_size < f.offset:
                 log.info("log file truncated", path=path, size=st.st_size, offset=f.offset)
                 f.handle.seek(0)
-                f.offset, f.partial = 0, b""
+                f.offset, f.partial, f.skipping = 0, b"", False
             self._drain(path, f, out, final=False)
         for pattern in self._patterns:
             if pattern not in present and not glob.has_magic(pattern) and pattern not in self._missing_logged:
@@ -143,13 +168,25 @@ class LogTailer:
     def _drain(self, path: str, f: _Followed, out: list[tuple[str, str]], *, final: bool) -> None:
         data = f.handle.read(self._max)
         f.offset += len(data)
-        buf = f.partial + data
-        lines = buf.split(b"\n")
-        f.partial = lines.pop()
-        if len(f.partial) >= self._max or (final and f.partial):
-            lines.append(f.partial)
+        pieces = data.split(b"\n")
+        rest = pieces.pop()  # after the last newline: the start of a line still being written
+        lines: list[bytes] = []
+        for piece in pieces:
+            if f.skipping:  # the newline that ends a cut line
+                f.skipping = False
+                continue
+            lines.append(f.partial + piece)
             f.partial = b""
-        out.extend((path, ln.rstrip(b"\r").decode("utf-8", errors="replace")) for ln in lines)
+        if not f.skipping:
+            f.partial += rest
+        if len(f.partial) > self._max_line or (final and f.partial):
+            lines.append(f.partial)
+            f.partial, f.skipping = b"", len(f.partial) > self._max_line and not final
+        for ln in lines:
+            if len(ln) > self._max_line:
+                self.lines_cut += 1
+                log.debug("log line cut", path=path, max_line_bytes=self._max_line)
+            out.append((path, ln[: self._max_line].rstrip(b"\r").decode("utf-8", errors="replace")))
         if final:
             f.handle.close()
             del self._files[path]

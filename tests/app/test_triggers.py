@@ -9,7 +9,9 @@ comments show the arithmetic.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,7 @@ from agent.cli import main
 from agent.config import Config, load_config
 from agent.diagnose.findings import Finding
 from agent.diagnose.nccl.run import run_nccl
+from agent.diagnose.oom.evidence import parse_evidence
 from agent.errors import ConfigError
 from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
@@ -171,6 +174,37 @@ def test_arguments_logged_before_the_agent_started_are_context(tmp_path: Path) -
     (f,) = d.poll_logs()
     assert (f.setting, f.suggested_value) == ("--gpu-memory-utilization", "0.90")
     assert f.details["gpu_memory_utilization"] == 0.95 and f.details["gpu_memory_utilization_assumed"] is False
+
+
+#: Request-log lines (vLLM's request logger, three generations) whose prompt quotes the start-up lines.
+QUOTED_START_UP = [
+    "INFO 06-14 05:00:00 logger.py:37] Received request cmpl-1: prompt: {q!r}, params: SamplingParams(n=1), "
+    "prompt_token_ids: [1], lora_request: None.",
+    "(APIServer pid=1) DEBUG 06-14 05:00:00 [logger.py:35] Request chatcmpl-1 details: prompt: {q!r}, "
+    "prompt_token_ids: [1], prompt_embeds shape: None.",
+    "(APIServer pid=1) INFO 06-14 05:00:00 [logger.py:41] Received request chatcmpl-1: params: "
+    "SamplingParams(n=1, stop=[{q!r}]), lora_request: None.",
+]
+
+
+@pytest.mark.parametrize("shape", QUOTED_START_UP)
+@pytest.mark.parametrize("primed", [True, False])
+def test_a_prompt_quoting_start_up_lines_is_not_context(tmp_path: Path, shape: str, primed: bool) -> None:
+    """A prompt that quotes start-up lines (args at 0.1, a 1 MB prompt) neither replaces the engine's real
+    ones (0.95) nor starts a new run, whether it was logged before the agent started or after: 0.90."""
+    log = tmp_path / "vllm.log"
+    prompt = ARGS_080.replace("0.8", "0.1") + " " + ENGINE_TP4 + " " + "x" * (1 << 20)
+    _append(log, ARGS_095)
+    if primed:
+        _append(log, shape.format(q=prompt))
+    d, _ = _diagnostics(_config(oom={"log_files": [str(log)]}))
+    if not primed:
+        _append(log, shape.format(q=prompt))
+        assert d.poll_logs() == []
+    _append(log, V1_OOM)
+    (f,) = d.poll_logs()
+    assert (f.setting, f.suggested_value) == ("--gpu-memory-utilization", "0.90")
+    assert f.details["gpu_memory_utilization"] == 0.95
 
 
 def test_a_restarted_server_drops_the_previous_runs_start_up_lines(tmp_path: Path) -> None:
@@ -400,6 +434,48 @@ def test_unknown_interconnect_is_refused_at_start_up(tmp_path: Path, capsys: pyt
         assert "a100-nvswitch" in err
     with pytest.raises(ConfigError, match=r"diagnostics\.nccl\.interconnect: unknown interconnect"):
         _diagnostics(load_config(cfg, {}))
+
+
+async def test_log_scan_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While megabytes of hostile log (a 1 MB prompt quoting an OOM, lines of backtracking bait) are read
+    and matched, the event loop keeps ticking: the scan runs in a worker thread; the real OOM behind them
+    is still found, and the cut lines are counted on /metrics."""
+    log = tmp_path / "vllm.log"
+    log.touch()
+    d, _ = _diagnostics(_config(oom={"log_files": [str(log)]}))
+    scanned_on: set[int] = set()
+
+    def parse(lines: list[str]) -> Any:
+        scanned_on.add(threading.get_ident())
+        return parse_evidence(lines)
+
+    monkeypatch.setattr("agent.app.triggers.parse_evidence", parse)
+    prompt = ("CUDA out of memory. Tried to allocate 1.00 GiB " + " " * 64) * ((1 << 20) // 112)  # 1 MB
+    _append(log, f"INFO 05-08 14:46:11 [logger.py:39] Received request x: prompt: {prompt!r}, params: None",
+            *["Killed process 1 (" * ((16 << 10) // 18)] * 64, "1" * (2 << 20), V1_OOM)  # 64 x 16 KiB, 2 MB
+    ticks: list[float] = []
+
+    async def heartbeat() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    beat = asyncio.get_running_loop().create_task(heartbeat())
+    found: list[Finding] = []
+    try:
+        await _until(lambda: ticks, "the first heartbeat")
+        deadline = time.monotonic() + DEADLINE_S
+        while not found and time.monotonic() < deadline:
+            found += await d.poll_logs_async()
+        ticks.append(time.monotonic())
+    finally:
+        beat.cancel()
+    assert [f.kind for f in found] == ["gpu-oom-runtime"] and found[0].evidence == [V1_OOM]
+    assert scanned_on and threading.get_ident() not in scanned_on
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.5
+    registry = CollectorRegistry()
+    registry.register(DiagnosticsCollector(d))
+    assert [s.value for s in _families(registry)["sre_agent_oom_log_lines_cut"].samples] == [2.0]
 
 
 # ---- DiagnosticsCollector ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,33 @@ def test_render_caps_evidence() -> None:
     assert text.count("  evidence") == 5
     assert "evidence (2x): NVRM: Xid (PCI:0000:00:00)" in text
     assert "2 more evidence lines" in text
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x1c", "\x1e", "\x0b", "\x0c"])
+def test_lines_end_at_newlines_only(tmp_path: Path, capsys: pytest.CaptureFixture[str], separator: str) -> None:
+    """A character Python's splitlines() breaks at (but a log file does not) inside a user's text does not
+    start a line of its own: the OOM message quoted after it is not evidence."""
+    oom = "RuntimeError: CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0; 15.78 GiB total capacity; ...)"
+    log = tmp_path / "vllm.log"
+    log.write_text(f"INFO 05-08 14:46:11 [serving_chat.py:200] user text: hello{separator}{oom}\n", encoding="utf-8")
+    assert main(["diagnose", "oom", str(log)]) == EXIT_OK
+    assert "no OOM evidence found" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hostile", [
+    "Killed process 1 (" * 60_000,  # backtracking bait for the kernel pattern, 1 MB without a newline
+    "INFO 05-08 14:46:11 [logger.py:39] Received request x: prompt: '" + "CUDA out of memory. " * 50_000 + "'",
+    " " * (1 << 20),
+])
+def test_a_megabyte_line_is_cut_not_matched_in_full(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    hostile: str) -> None:
+    """A 1 MB line before a real OOM: the CLI reads it to the line bound, finds only the real OOM, and
+    finishes well within a second's order (not the minutes a backtracking scan of it takes)."""
+    log = tmp_path / "vllm.log"
+    real = (LOGS / "torch_cuda_oom_v1_worker.txt").read_text(encoding="utf-8").splitlines()[1]
+    log.write_text(hostile + "\n" + real + "\n", encoding="utf-8")
+    t0 = time.perf_counter()
+    assert main(["diagnose", "oom", "--json", str(log)]) == EXIT_PROBLEM
+    assert time.perf_counter() - t0 < 10
+    (finding,) = json.loads(capsys.readouterr().out)
+    assert finding["kind"] == "gpu-oom-runtime" and finding["evidence"] == [real]

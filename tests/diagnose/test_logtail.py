@@ -1,5 +1,5 @@
 """LogTailer on real temporary files: new lines only, rotation, truncation, missing files, globs,
-partial lines and the per-poll byte bound."""
+partial lines, the per-poll byte bound and the line-length bound."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from agent.diagnose.logtail import LogTailer
+from agent.diagnose.logtail import LogTailer, bounded_lines
 
 
 @pytest.fixture(autouse=True)
@@ -127,17 +127,58 @@ def test_max_bytes_per_poll_bounds_each_read(tmp_path: Path) -> None:
         assert [line for _, line in tail.poll()] == ["defgh", "ij"]
 
 
-def test_overlong_line_is_returned_in_pieces(tmp_path: Path) -> None:
-    """A line with no newline longer than the bound is not buffered without limit."""
+@pytest.mark.parametrize(("per_poll", "writes"), [
+    (4, ["x" * 30 + "\nnext\n"]),  # one write, read 4 bytes a poll
+    (1 << 20, ["x" * 30 + "\nnext\n"]),  # one write, read at once
+    (1 << 20, ["x" * 10, "x" * 10, "x" * 10 + "\n", "next\n"]),  # the long line arrives over several polls
+    (7, ["y" * 5 + "x" * 25 + "\nnext\n"]),  # the cut falls inside a read
+    (1 << 20, ["a" + "\u00e9" * 15 + "\nnext\n"]),  # two-byte characters: the cut splits one
+])
+def test_overlong_line_is_cut_and_its_rest_skipped(tmp_path: Path, per_poll: int, writes: list[str]) -> None:
+    """A line longer than max_line_bytes comes back once, cut to that many bytes; the rest of it, up to
+    its newline, is skipped (never returned as lines of their own) and counted; the next line is whole."""
     log = tmp_path / "vllm.log"
     log.write_text("")
-    with LogTailer([str(log)], max_bytes_per_poll=4) as tail:
-        _append(log, "xxxxxxxx")
-        assert [line for _, line in tail.poll()] == ["xxxx"]
-        assert [line for _, line in tail.poll()] == ["xxxx"]
+    got: list[str] = []
+    with LogTailer([str(log)], max_bytes_per_poll=per_poll, max_line_bytes=8) as tail:
+        for text in writes:
+            _append(log, text)
+            for _ in range(40):  # enough polls to read what was written, per_poll bytes at a time
+                got.extend(line for _, line in tail.poll())
+        assert len(got) == 2 and got[1] == "next"
+        assert len(got[0].encode()) <= 8 + 2 and got[0].rstrip("\ufffd") == writes[0][: len(got[0].rstrip("\ufffd"))]
+        assert tail.lines_cut == 1
 
 
-def test_bad_bound_is_rejected() -> None:
-    """max_bytes_per_poll must be positive."""
+def test_line_at_the_bound_is_whole(tmp_path: Path) -> None:
+    """A line of exactly max_line_bytes is returned whole and not counted as cut."""
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    with LogTailer([str(log)], max_line_bytes=8) as tail:
+        _append(log, "12345678\n123456789\n")
+        assert [line for _, line in tail.poll()] == ["12345678", "12345678"]
+        assert tail.lines_cut == 1
+
+
+@pytest.mark.parametrize(("per_poll", "per_line"), [(0, 8), (8, 0), (-1, 8), (8, -1)])
+def test_bad_bound_is_rejected(per_poll: int, per_line: int) -> None:
+    """max_bytes_per_poll and max_line_bytes must be positive."""
     with pytest.raises(ValueError, match="positive"):
-        LogTailer([], max_bytes_per_poll=0)
+        LogTailer([], max_bytes_per_poll=per_poll, max_line_bytes=per_line)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"a\nbb\n", [b"a\n", b"bb\n"]),
+    (b"12345678\nx\n", [b"12345678", b"x\n"]),  # the newline is the ninth byte: cut off
+    (b"1234567\nx\n", [b"1234567\n", b"x\n"]),
+    (b"x" * 30 + b"\nnext\n", [b"x" * 8, b"next\n"]),  # the rest of the long line is read past
+    (b"first\n" + b"y" * 30, [b"first\n", b"y" * 8]),  # a long last line without a newline
+    (b"last", [b"last"]),
+    (b"", []),
+])
+def test_bounded_lines(tmp_path: Path, data: bytes, expected: list[bytes]) -> None:
+    """bounded_lines gives each line cut to the bound, reading past (not returning) the rest of a long one."""
+    path = tmp_path / "log"
+    path.write_bytes(data)
+    with path.open("rb") as fh:
+        assert list(bounded_lines(fh, 8)) == expected

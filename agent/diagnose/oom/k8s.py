@@ -8,27 +8,40 @@ needs to size a new limit. This module reads both forms an operator pastes: the 
 one container are spread over an indented block and are only complete at its end. It
 returns plain ``(line, values)`` facts; :mod:`agent.diagnose.oom.evidence` turns them into
 ``k8s-oom`` matches among the log lines. :func:`parse_quantity` reads Kubernetes' resource
-quantities (``32Gi``, ``512M``).
+quantities (``32Gi``, ``512M``); :class:`JsonDocuments` finds the JSON among log lines.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from typing import Any
 
-__all__ = ["DescribeReader", "is_pod", "parse_quantity", "pod_oom_kills"]
+from agent.gocompat.regex import compile_go
 
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?$")
+__all__ = ["DescribeReader", "JsonDocuments", "is_pod", "parse_quantity", "pod_oom_kills"]
+
+_QUANTITY = compile_go(r"^(\d+(?:\.\d+)?)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?$")
+# `kubectl describe pod` lines (RE2, anchored at the line's start as re.match would be).
+_NAME = compile_go(r"^(Name|Namespace):\s+(\S+)\s*$")
+_CONTAINER = compile_go(r"^  ([\w.-]+):\s*$")
+_STATE = compile_go(r"^\s+(?:Last )?State:\s+(\w+)")
+_REASON = compile_go(r"^\s+Reason:\s+(\S+)")
+_EXIT_CODE = compile_go(r"^\s+Exit Code:\s+(\d+)")
+_RESTARTS = compile_go(r"^\s+Restart Count:\s+(\d+)")
+_LIMITS = compile_go(r"^\s+Limits:\s*$")
+_MEMORY = compile_go(r"^\s+memory:\s+(\S+)")
+_FIELD = compile_go(r"^\s+[A-Z][\w ]*:")
 _QUANTITY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 1e-3,
                     "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
 
 def parse_quantity(text: str) -> int | None:
     """A Kubernetes resource quantity (``32Gi``, ``512M``, ``1e9``, ``134217728``) in bytes."""
-    m = _QUANTITY.match(text.strip())
+    m = _QUANTITY.search(text.strip())
     if m is None:
         return None
-    value = float(m[1]) * (10 ** int(m[2][1:]) if m[2] else _QUANTITY_SUFFIX.get(m[3] or "", 1))
+    exponent, suffix = m.group(2), m.group(3) or ""
+    value = float(m.group(1) or 0) * (10 ** int(exponent[1:]) if exponent else _QUANTITY_SUFFIX.get(suffix, 1))
     return round(value)
 
 
@@ -47,23 +60,23 @@ class DescribeReader:
 
     def feed(self, line: str, lineno: int) -> None:
         """One line (without its newline); ``lineno`` is where it is in the input."""
-        if m := re.match(r"(Name|Namespace):\s+(\S+)\s*$", line):
-            self._pod.setdefault(m[1].lower(), m[2])
-        elif m := re.match(r"  ([\w.-]+):\s*$", line):
-            self._container, self._terminated, self._in_limits = m[1], False, False
-        elif m := re.match(r"\s+(?:Last )?State:\s+(\w+)", line):
-            self._terminated, self._in_limits = m[1] == "Terminated", False
-        elif self._terminated and (m := re.match(r"\s+Reason:\s+(\S+)", line)):
-            self._record(line, lineno, reason=m[1])
-        elif self._terminated and (m := re.match(r"\s+Exit Code:\s+(\d+)", line)):
-            self._record(line, lineno, exit_code=int(m[1]))
-        elif m := re.match(r"\s+Restart Count:\s+(\d+)", line):
-            self._k8s.setdefault(self._container, {})["restart_count"] = int(m[1])
-        elif re.match(r"\s+Limits:\s*$", line):
+        if m := _NAME.search(line):
+            self._pod.setdefault((m.group(1) or "").lower(), m.group(2) or "")
+        elif m := _CONTAINER.search(line):
+            self._container, self._terminated, self._in_limits = m.group(1) or "", False, False
+        elif m := _STATE.search(line):
+            self._terminated, self._in_limits = m.group(1) == "Terminated", False
+        elif self._terminated and (m := _REASON.search(line)):
+            self._record(line, lineno, reason=m.group(1))
+        elif self._terminated and (m := _EXIT_CODE.search(line)):
+            self._record(line, lineno, exit_code=int(m.group(1) or 0))
+        elif m := _RESTARTS.search(line):
+            self._k8s.setdefault(self._container, {})["restart_count"] = int(m.group(1) or 0)
+        elif _LIMITS.search(line):
             self._in_limits = True
-        elif self._in_limits and (m := re.match(r"\s+memory:\s+(\S+)", line)):
-            self._k8s.setdefault(self._container, {})["limit_bytes"] = parse_quantity(m[1])
-        elif re.match(r"\s+[A-Z][\w ]*:", line):
+        elif self._in_limits and (m := _MEMORY.search(line)):
+            self._k8s.setdefault(self._container, {})["limit_bytes"] = parse_quantity(m.group(1) or "")
+        elif _FIELD.search(line):
             self._in_limits = False
 
     def _record(self, line: str, lineno: int, **facts: Any) -> None:
@@ -82,6 +95,33 @@ class DescribeReader:
                 "container": container, "reason": rec.get("reason", ""), "exit_code": rec.get("exit_code"),
                 "restart_count": rec.get("restart_count"), "limit_bytes": rec.get("limit_bytes")}))
         return out
+
+
+class JsonDocuments:
+    """JSON values that start at a line's first column of ``lines``, on one line or on many (``kubectl
+    get pod -o json`` is pretty-printed). A multi-line value is decoded from its first line to the end
+    of the input, so the text so decoded is bounded in total to a few times the input: a log of lines
+    that open a "{" and never close it stays linear. Too deep a value is no value, not an error."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self._lines = lines
+        self._budget = 4 * sum(len(t) + 1 for t in lines) + (1 << 20)
+
+    def at(self, i: int) -> tuple[Any, int]:
+        """The JSON value that starts at ``lines[i]`` (None if none) and how many lines it spans."""
+        try:
+            return json.loads(self._lines[i]), 1
+        except (ValueError, RecursionError):
+            pass
+        if self._budget <= 0:
+            return None, 1
+        rest = "\n".join(self._lines[i:])
+        self._budget -= len(rest)
+        try:
+            doc, end = json.JSONDecoder().raw_decode(rest)
+        except (ValueError, RecursionError):
+            return None, 1
+        return doc, rest.count("\n", 0, end) + 1
 
 
 def pod_oom_kills(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

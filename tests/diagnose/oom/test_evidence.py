@@ -4,6 +4,15 @@ units: 1 GiB = 2**30 bytes)."""
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.diagnose.oom import evidence, k8s, lines
 from agent.diagnose.oom.evidence import XID_TABLE, Match, parse_evidence, parse_quantity, size_bytes, xid_info
 from tests.conftest import FIXTURES
 
@@ -210,3 +219,218 @@ def test_json_log_lines_are_read_as_text() -> None:
     line = '{"level": "error", "msg": "RuntimeError: CUDA error: out of memory"}'
     (m,), _ = parse_evidence([line])
     assert m.type == "torch-oom" and m.line == line
+
+
+# ---- where evidence is printed: a user's text that quotes it is not evidence ---------------------------
+#: (fixture, a substring that picks its evidence line, where the quoted message starts, the match type)
+EVIDENCE = [
+    ("torch_cuda_oom_v1_worker.txt", "CUDA out of memory", "torch.", "torch-oom"),
+    ("torch_cuda_oom_legacy_runtimeerror.txt", "CUDA out of memory", "RuntimeError", "torch-oom"),
+    ("torch_cuda_oom_serving_vllm.txt", "OutOfMemoryError(", "OutOfMemoryError(", "torch-oom"),
+    ("vllm_v0_no_cache_blocks.txt", "ValueError: No available", "ValueError", "vllm-no-cache-blocks"),
+    ("vllm_v0_engine_max_seq_len.txt", "max seq len", "ValueError", "vllm-kv-cache"),
+    ("vllm_v1_kv_cache_estimate.txt", "ValueError: To serve", "ValueError", "vllm-kv-cache"),
+    ("vllm_v1_free_memory_startup.txt", "ValueError: Free memory", "ValueError", "vllm-free-memory"),
+    ("vllm_v1_sampler_warmup_oom.txt", "RuntimeError: CUDA out of memory occurred", "RuntimeError", "vllm-warmup-oom"),
+    ("vllm_v0_preemption_warning.txt", "preempted", "Sequence group", "vllm-preemption"),
+    ("kernel_oom_killer_journald.txt", "Out of memory: Killed process", "Out of memory", "kernel-oom"),
+    ("kernel_memcg_oom_kubepods.txt", "oom-kill:constraint", "oom-kill", "kernel-oom"),
+    ("kernel_memcg_oom_kubepods.txt", "memory: usage", "memory: usage", "kernel-memcg-limit"),
+    ("kernel_memcg_oom_legacy.txt", "Memory cgroup out of memory: Kill process", "Memory cgroup", "kernel-oom"),
+    ("kernel_memcg_oom_legacy.txt", "Killed process 28438", "Killed process", "kernel-oom"),
+    ("nvidia_xid_79.txt", "NVRM: Xid", "NVRM", "xid"),
+    ("nvidia_xid_mixed.txt", "): 62,", "NVRM", "xid"),
+    ("vllm_v1_free_memory_device_named.txt", "ValueError: Free memory", "ValueError", "vllm-free-memory"),
+]
+EXTRA_EVIDENCE = [  # real messages without a fixture file of their own
+    ("(EngineCore_0 pid=5839) INFO 08-20 18:04:22 [gpu_worker.py:276] Available KV cache memory: -2.14 GiB",
+     "Available", "vllm-no-cache-blocks"),  # tests/fixtures/planner/calibration/gpt-oss-120b_h100_v1_aug2025.txt
+    ("INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch "
+     "activation peak memory takes 1.42GiB; the rest of the memory reserved for KV Cache is -1.05GiB.", "model weights",
+     "vllm-no-cache-blocks"),  # vLLM V0's worker.py message (test_verdict's negative-KV test)
+    ("Jan 18 11:38:05 localhost kernel: [ 269.516977] NVRM: GPU at 0000:01:00.0 has fallen off the bus.", "NVRM",
+     "xid"),  # test_xid_lines' pastebin line
+    ("RuntimeError: CUDA error: out of memory", "RuntimeError", "torch-oom"),
+]
+
+
+def _evidence_lines() -> list[tuple[str, str, str]]:
+    """(line, the message it quotes from `start` on, type) for every evidence pattern."""
+    out = [(line, start, type_) for line, start, type_ in EXTRA_EVIDENCE]
+    for name, pick, start, type_ in EVIDENCE:
+        lines = (LOGS / name).read_text(encoding="utf-8").splitlines()
+        out.append((next(ln for ln in lines[1:] if pick in ln), start, type_))
+    return out
+
+
+LINES = _evidence_lines()
+_IDS = [f"{t}:{line[:40]}" for line, _, t in LINES]
+
+
+def _request_log_shapes(quoted: str) -> list[str]:
+    """``quoted`` where vLLM's request logger (and shippers of its lines) put a user's text."""
+    r = repr(quoted)
+    return [
+        # vLLM to 0.10: the prompt in the INFO line (vllm/entrypoints/logger.py)
+        f"INFO 11-23 18:54:12 logger.py:37] Received request cmpl-8287d124-0: prompt: {r}, params: SamplingParams("
+        "n=1, temperature=0.0), prompt_token_ids: [128000, 9906], lora_request: None, prompt_adapter_request: None.",
+        # vLLM 0.11+: the prompt at DEBUG, the sampling parameters (stop strings are user text) at INFO
+        f"(APIServer pid=1) DEBUG 06-14 05:10:02 [logger.py:35] Request chatcmpl-9 details: prompt: {r}, "
+        "prompt_token_ids: [1, 2], prompt_embeds shape: None.",
+        f"(APIServer pid=1) INFO 06-14 05:10:02 [logger.py:41] Received request chatcmpl-9: params: SamplingParams("
+        f"n=1, stop=[{r}], max_tokens=16), lora_request: None.",
+        # --enable-log-outputs: the model's own text
+        f"(APIServer pid=1) INFO 06-14 05:10:03 [logger.py:70] Generated response chatcmpl-9: output: {r}, "
+        "output_token_ids: [3], finish_reason: stop",
+        # a prompt that starts a new "line" by an escaped newline (repr writes \n as two characters)
+        f"INFO 11-23 18:54:12 logger.py:37] Received request cmpl-1: prompt: {'hi' + chr(10) + quoted!r}, params: "
+        "SamplingParams(n=1)",
+        # the same through kubectl logs --timestamps, a CRI log file and docker compose
+        f"2025-05-08T14:46:12.123456789Z stderr F INFO 05-08 14:46:12 [logger.py:39] Received request x: prompt: {r}",
+        f"vllm-1  | INFO 11-23 18:54:12 logger.py:37] Received request cmpl-1: prompt: {r}, params: None",
+        # JSON log records: a structured logger's message, Docker's json-file line, a record's prompt field
+        json.dumps({"level": "info", "logger": "vllm.entrypoints.logger",
+                    "message": f"Received request cmpl-1: prompt: {r}, params: SamplingParams(n=1)"}),
+        json.dumps({"log": f"INFO 11-23 18:54:12 logger.py:37] Received request cmpl-1: prompt: {r}\n",
+                    "stream": "stdout", "time": "2025-05-08T14:46:12.123456789Z"}),
+        json.dumps({"request_id": "cmpl-1", "prompt": quoted, "prompt_token_ids": [1, 2]}),
+        # quoted inside another message, or after a label (not an exception's name)
+        f"INFO 05-08 14:46:12 [serving_chat.py:120] Error in chat template: unexpected text '{quoted}'",
+        f"INFO 05-08 14:46:12 [serving_chat.py:120] Prompt: {quoted}",
+        f"INFO 05-08 14:46:12 [serving_chat.py:120] user.content: {quoted}",
+    ]
+
+
+@pytest.mark.parametrize(("line", "start", "type_"), LINES, ids=_IDS)
+def test_evidence_lines_match_where_printed(line: str, start: str, type_: str) -> None:
+    """Each evidence pattern's real line is found (so the negative test below quotes live evidence)."""
+    matches, _ = parse_evidence([line])
+    assert [m.type for m in matches] == [type_]
+
+
+@pytest.mark.parametrize(("line", "start", "type_"), LINES, ids=_IDS)
+def test_quoted_evidence_in_request_logs_is_not_evidence(line: str, start: str, type_: str) -> None:
+    """A prompt, stop string or generated text that quotes an evidence line (the whole line, its message,
+    the message without its exception's name) in any request-log shape yields no match."""
+    message = line[line.index(start):]
+    for quoted in (line, message, re.sub(r"^[\w.]+(?:: |\(')", "", message)):  # also without the exception
+        for shape in _request_log_shapes(quoted):
+            matches, _ = parse_evidence([shape])
+            assert matches == [], shape
+
+
+@pytest.mark.parametrize("prefix", [
+    "2025-05-08T14:46:12.123456789Z stderr F ", "2025-05-08T14:46:12.123456789Z ", "[rank0]: ", "[pod/vllm-0/vllm] ",
+    "vllm-1  | ", "(RayWorkerWrapper pid=5543, ip=10.0.0.2) ERROR 05-08 14:46:12 [worker_base.py:620] ",
+    "\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m ",  # vLLM colours its process prefix (through a TTY)
+])
+def test_evidence_behind_shippers_prefixes_is_found(prefix: str) -> None:
+    """The same evidence lines behind a container runtime's, kubectl's, torchrun's, Ray's or vLLM's coloured
+    prefix still match."""
+    for line, _, type_ in LINES:
+        matches, _ = parse_evidence([prefix + line])
+        assert [m.type for m in matches] == [type_], prefix + line
+
+
+def test_json_records_are_read_by_their_message() -> None:
+    """Docker's json-file record of an OOM line is evidence; a record without a message field is not read."""
+    line = _line_of("torch_cuda_oom_v1_worker.txt", "CUDA out of memory")
+    docker = json.dumps({"log": line + "\n", "stream": "stderr", "time": "2025-05-08T14:46:12.1Z"})
+    (m,), _ = parse_evidence([docker])
+    assert m.type == "torch-oom" and m.values["gpu"] == 1 and m.line == docker
+    assert parse_evidence([json.dumps({"error": line})])[0] == []
+
+
+def test_request_lines_set_the_serving_phase_and_not_the_engine() -> None:
+    """A prompt quoting traceback frames and engine start-up lines changes neither the phase of a later
+    OOM (the request logger's line means serving) nor the engine config."""
+    prompt = ("File \"x.py\", line 1, in load_model; Model loading took 99.00 GiB; non-default args: "
+              "{'gpu_memory_utilization': 0.1}; Initializing a V1 LLM engine (v9.9) with config: model='evil'")
+    oom = _line_of("torch_cuda_oom_v1_worker.txt", "CUDA out of memory")
+    (m,), engine = parse_evidence([f"INFO 05-08 14:46:11 [logger.py:39] Received request x: prompt: {prompt!r}", oom])
+    assert m.values["phase"] == "serving"
+    assert (engine.weights_bytes, engine.gpu_memory_utilization, engine.model, engine.version) == (
+        None, None, None, None)
+
+
+def _line_of(name: str, pick: str) -> str:
+    return next(ln for ln in (LOGS / name).read_text(encoding="utf-8").splitlines()[1:] if pick in ln)
+
+
+# ---- hostile lines: linear time, bounded length --------------------------------------------------------
+def test_every_pattern_is_re2() -> None:
+    """Every compiled pattern of the evidence modules is RE2 (linear time), none is Python's backtracking re."""
+    compiled = [v for mod in (evidence, k8s, lines) for v in vars(mod).values()]
+    compiled += [p for _, p in evidence._T_FIELDS]
+    patterns = [v for v in compiled if hasattr(v, "search") and hasattr(v, "groups") and not isinstance(v, type)]
+    assert len(patterns) > 40 and all(type(p).__module__.startswith("re2") for p in patterns)
+    for mod in (evidence, k8s, lines):  # nor compiled on the fly
+        assert not re.search(r"\bre\.(compile|search|match|fullmatch|finditer|findall|sub)\(",
+                             Path(mod.__file__ or "").read_text(encoding="utf-8")), mod.__name__
+
+
+#: Lines that make a backtracking engine work in their length squared (or worse) for one pattern or another.
+HOSTILE = {
+    "spaces": lambda n: "Killed process 1 (x)" + " " * n + "y",
+    "digits": lambda n: "GPU " + "1" * n + " has a total capacity of",
+    "oom fragments": lambda n: "CUDA out of memory. Tried to allocate " * (n // 38),
+    "killed fragments": lambda n: "Killed process 1 (" * (n // 18),
+    "cfg keys": lambda n: "non-default args: {" + "'max_num_seqs'  " * (n // 16),
+    "xid fragments": lambda n: "NVRM: Xid (PCI:0000:01:00): 1," + " " * n,
+}
+
+
+@pytest.mark.parametrize("shape", HOSTILE)
+def test_a_long_line_is_read_to_the_bound(shape: str) -> None:
+    """A 1 MB line without a newline is read to MAX_LINE_CHARS only, counted, and any match quotes the cut line."""
+    text = HOSTILE[shape](1 << 20)
+    scanner = evidence.EvidenceScanner()
+    scanner.feed(text)
+    assert scanner.lines_cut == 1
+    assert all(len(m.line) <= lines.MAX_LINE_CHARS for m in scanner.finish())
+    matches, _ = parse_evidence(text)
+    assert all(len(m.line) <= lines.MAX_LINE_CHARS for m in matches)
+
+
+def _best_time(text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        parse_evidence(text)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.cache
+def _baseline() -> float:
+    """The time 1 MB of real evidence lines takes (every pattern runs on them)."""
+    real = "\n".join(ln for ln, _, _ in LINES)
+    return _best_time("\n".join([real] * ((1 << 20) // len(real) + 1)))
+
+
+@pytest.mark.parametrize("shape", HOSTILE)
+def test_hostile_lines_scan_in_linear_time(shape: str) -> None:
+    """1 MB of hostile text (one line, or many medium lines of it) scans within a generous multiple of the
+    time 1 MB of real OOM lines takes: no backtracking blow-up."""
+    baseline = _baseline()
+    one_line = HOSTILE[shape](1 << 20)
+    medium = "\n".join([HOSTILE[shape](16 << 10)] * 64)
+    for text in (one_line, medium):
+        assert _best_time(text) < 20 * baseline + 0.05, (shape, len(text))
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": ' * 100_000 + "1" + "}" * 100_000,  # nested past the JSON parser's recursion limit
+    '{"log": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "{\n" * 100_000,  # unbalanced: each line would start a multi-line document running to the end
+    '{"msg": "unterminated\n' * 50_000,
+    "{\n" + '  "kind": "Pod",\n' * 50_000,
+])
+def test_hostile_json_scans_in_linear_time(text: str) -> None:
+    """JSON-looking input that cannot be decoded (too deep, unbalanced, unterminated) is read as text
+    without an error, in time linear in its size."""
+    t0 = time.perf_counter()
+    matches, _ = parse_evidence(text)
+    took = time.perf_counter() - t0
+    assert matches == []
+    assert took < 20 * _baseline() + 0.05
