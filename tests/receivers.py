@@ -20,6 +20,7 @@ Use it as ``async with RecordingServer() as rec:`` or ``await RecordingServer().
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -32,7 +33,7 @@ from typing import Any, Self
 from aiohttp import web
 from multidict import CIMultiDict
 
-__all__ = ["Recorded", "RecordingServer", "Responder", "free_port", "reply"]
+__all__ = ["Recorded", "RecordingServer", "Responder", "free_port", "reply", "trickle"]
 
 Responder = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
 
@@ -150,3 +151,20 @@ class RecordingServer:
             return web.Response(status=status, text="ok\n")
         headers = {"Retry-After": self.retry_after} if self.retry_after is not None and status == 429 else {}
         return web.Response(status=status, text="receiver unavailable (test fault)\n", headers=headers)
+
+
+def trickle(body: bytes, *, per_second: int = 1) -> Responder:
+    """A responder that sends its headers at once, then ``per_second`` bytes of ``body`` a second: a server
+    whose every read is quick but whose answer takes minutes."""
+    async def respond(request: web.Request, _: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        try:
+            for i in range(0, len(body), per_second):
+                await resp.write(body[i:i + per_second])
+                await asyncio.sleep(1)  # the server's pace, which is what such a test is about
+        except (ConnectionError, RuntimeError):
+            pass  # the client gave up
+        return resp
+    return respond

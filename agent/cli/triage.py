@@ -7,14 +7,17 @@ paged, or is itself in trouble):
   agent's state database, which this command opens itself (SQLite WAL: it reads while the daemon
   writes), and **the rule** is in the rule files of the config;
 * **the series** for the plots: in Prometheus mode (``source.type: prometheus``) the command asks
-  the source itself with range queries (prometheus-api-client), so the report needs no running
+  the source itself with range queries (:mod:`agent.promql.history`), so the report needs no running
   agent; in embedded mode the series live only in the running agent's memory, so the command asks
   the running agent for the whole report (``GET /incidents/{id}``, at ``--agent`` or the config's
   ``server.external_url`` or ``server.listen``). If the agent does not answer, the report is built
   from the state database without plots, and says why.
 
 ``--agent URL`` always asks that agent. Exit 0 with the report written, 2 for bad input or an
-incident that does not exist (the message says which), 1 when the agent answered an error.
+incident that does not exist (the message says which), 1 when the agent answered an error. In
+Prometheus mode a plot whose range queries failed (no answer in time, a malformed or oversized
+answer) still leaves the report written, with the reason on the plot; stderr then lists the reasons
+and the exit is 2, so a script knows the report is incomplete.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from agent.app.logs import configure_logging
 from agent.app.triage import FORMATS, build, render
 from agent.app.triage.facts import read_state
 from agent.app.triage.series import remote_query
+from agent.cli.argtypes import integer
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.config import Config, load_config
 from agent.errors import AgentError, NotFoundError
 from agent.promql.history import RemoteHistory
 from agent.rules.files import GroupSpec, load_rule_files, parametrize
+from agent.textsafe import escape_lines
 
 __all__ = ["add_parser", "run"]
 
@@ -54,6 +59,8 @@ the rule from the config's rule files; the plotted series from the source with r
 queries in Prometheus mode, and from the running agent in embedded mode, where the
 series live in its memory (the whole report is then the agent's GET /incidents/ID).
 Without a running agent in embedded mode the report has no plots and says so.
+Exit 2 when a plot's range queries failed in Prometheus mode (the report is still
+written; stderr lists the reasons).
 
 examples:
   sre-agent triage --latest --config agent.yaml --out report.html
@@ -67,7 +74,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("triage", help="write an incident's triage report (HTML, Markdown or JSON)",
                        description=_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("incident", nargs="?", type=int, metavar="INCIDENT_ID",
+    which.add_argument("incident", nargs="?", type=integer(1), metavar="INCIDENT_ID",
                        help="the incident's id (sre-agent incidents lists them)")
     which.add_argument("--latest", action="store_true", help="the newest incident")
     p.add_argument("--format", "-f", choices=FORMATS, default="html", help="output format (default %(default)s)")
@@ -82,11 +89,12 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging("console", "warning", stream=sys.__stderr__ or sys.stderr)
     config = load_config(args.config, os.environ) if args.config is not None else None
+    problems: list[str] = []  # plots whose range queries failed (Prometheus mode): the report says why, so do we
     try:
         if args.agent is not None:
             text = _from_agent(args.agent.rstrip("/"), args.incident, args.format, config)
         else:
-            text = _local(args, config)
+            text = _local(args, config, problems)
     except NotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -96,8 +104,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    else:  # a terminal: control characters from alert names and labels escaped (agent.textsafe)
+        sys.stdout.write(escape_lines(text))
+    if problems:  # the report is written, but incomplete: say why and exit non-zero for scripts
+        print(f"error: {len(problems)} plot(s) without data, the source did not answer usably:", file=sys.stderr)
+        for line in problems:
+            print(escape_lines(f"  {line[:300]}"), file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 
@@ -105,7 +118,8 @@ class _AgentFailed(AgentError):
     """The running agent answered, but not with a report (never escapes this module)."""
 
 
-def _local(args: argparse.Namespace, config: Config | None) -> str:
+def _local(args: argparse.Namespace, config: Config | None, problems: list[str]) -> str:
+    """The report built here; each failed range query of a plot is added to ``problems``."""
     now_ms = int(time.time() * 1000)
     path = config.state.path if config is not None else (args.db or "sre-agent.db")
     if not Path(path).exists():  # opening would create an empty one
@@ -127,6 +141,7 @@ def _local(args: argparse.Namespace, config: Config | None) -> str:
         history = RemoteHistory(config.source)
         report = build(state, groups, now_ms=now_ms, query=remote_query(history),
                        source=f"the source {history.url} (range queries)", images=args.format == "html")
+        problems += [f"{p.spec.title}: {e}" for p in report.plots for e in p.errors]
     else:
         why = ("no plots: in embedded mode the series live in the running agent's memory and it did not answer"
                if config is not None else "no plots: without --config there is no agent or source to ask")

@@ -6,7 +6,8 @@ query nobody waits for), at ``time`` = evaluation time − ``query_offset``. pro
 does not fit here: it is synchronous, has no default timeout and drops ``warnings`` and
 VictoriaMetrics' ``isPartial``, which decide whether an answer may be used.
 
-Every way the answer can be unusable raises :class:`~agent.errors.SourceError` with the
+The answer's shape is checked by :mod:`agent.promql.answer`, shared with the range queries. Every way the
+answer can be unusable raises :class:`~agent.errors.SourceError` with the
 reason (unreachable, timeout, HTTP status with the server's ``errorType``/``error``, a body that
 is not the API's JSON, a partial answer under ``partial_response: abort``), so the rule manager
 keeps the rule's alerts as they were. Under ``partial_response: warn`` a partial answer or
@@ -18,20 +19,20 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from typing import Any
 
 import aiohttp
 import structlog
 
 from agent.config.source import SourceConfig
 from agent.errors import SourceError
-from agent.series import Labels, labels_from
+from agent.promql.answer import MAX_ANSWER_BYTES, deadline_s, parse_query_response
+from agent.series import Labels
 
 __all__ = ["RemoteSource", "parse_query_response", "read_capped"]
 
 log = structlog.get_logger(__name__)
 
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a rule answer is a few KiB; anything near this is a runaway query
+MAX_RESPONSE_BYTES = MAX_ANSWER_BYTES
 
 
 async def read_capped(content: aiohttp.StreamReader, limit: int) -> bytes:
@@ -50,58 +51,6 @@ async def read_capped(content: aiohttp.StreamReader, limit: int) -> bytes:
 
 
 _BODY_EXCERPT = 200
-
-
-def _float(text: Any) -> float:
-    if not isinstance(text, str):
-        raise SourceError(f"sample value is not a string: {text!r:.{_BODY_EXCERPT}}")
-    try:
-        return float(text)  # Go writes "NaN", "+Inf", "-Inf": Python reads all three
-    except ValueError as exc:
-        raise SourceError(f"sample value is not a number: {text!r:.{_BODY_EXCERPT}}") from exc
-
-
-def parse_query_response(body: Any) -> tuple[list[tuple[Labels, float]], list[str], bool]:
-    """``(result, warnings, partial)`` from a decoded ``/api/v1/query`` answer.
-
-    ``result`` is what a rule consumes: ``(labels, value)`` per vector element, or one element
-    with no labels for a scalar. A matrix or string result, an error status, native-histogram
-    samples (``histogram`` instead of ``value``; the agent's rules use classic buckets) and any
-    shape that is not the API's raise :class:`SourceError`.
-    """
-    if not isinstance(body, dict):
-        raise SourceError("the answer is not a JSON object")
-    if body.get("status") != "success":
-        kind = body.get("errorType") or "unknown"
-        raise SourceError(f"query failed ({kind}): {str(body.get('error', 'no error message'))[:_BODY_EXCERPT]}")
-    warnings = body.get("warnings") or []
-    if not isinstance(warnings, list):
-        raise SourceError("'warnings' is not a list")
-    partial = body.get("isPartial") is True  # VictoriaMetrics (cluster): some storage nodes did not answer
-    data = body.get("data")
-    if not isinstance(data, dict):
-        raise SourceError("'data' is missing or not an object")
-    kind, result = data.get("resultType"), data.get("result")
-    if kind == "scalar":
-        if not isinstance(result, list) or len(result) != 2:
-            raise SourceError("scalar result is not [time, value]")
-        return [((), _float(result[1]))], [str(w) for w in warnings], partial
-    if kind != "vector":
-        raise SourceError(f"rule result is not a vector or scalar but a {kind}")
-    if not isinstance(result, list):
-        raise SourceError("vector result is not a list")
-    out: list[tuple[Labels, float]] = []
-    for element in result:
-        if not isinstance(element, dict) or not isinstance(element.get("metric"), dict):
-            raise SourceError("vector element has no 'metric' object")
-        if "histogram" in element:
-            raise SourceError("native-histogram samples are not supported (the rules use classic buckets)")
-        value = element.get("value")
-        if not isinstance(value, list) or len(value) != 2:
-            raise SourceError("vector element has no [time, value] 'value'")
-        metric = {str(k): str(v) for k, v in element["metric"].items()}
-        out.append((labels_from(None, metric), _float(value[1])))
-    return out, [str(w) for w in warnings], partial
 
 
 class RemoteSource:
@@ -138,7 +87,7 @@ class RemoteSource:
             ssl = self.config.tls.context() if self.url.startswith("https:") else False
             self._session = aiohttp.ClientSession(
                 headers=self._headers(),
-                timeout=aiohttp.ClientTimeout(total=self.config.timeout),
+                timeout=aiohttp.ClientTimeout(total=deadline_s(self.config.timeout)),  # start to last byte
                 connector=aiohttp.TCPConnector(ssl=ssl, limit=32),
             )
         return self._session
@@ -165,7 +114,7 @@ class RemoteSource:
             if groups is None:
                 raise SourceError(f"{url}: HTTP {status}: {str(body.get('error', 'no rules API'))[:_BODY_EXCERPT]}")
             return {str(r["name"]) for g in groups for r in g.get("rules", []) if r.get("type") == "recording"}
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError, KeyError, TypeError, AttributeError) as exc:
             raise SourceError(f"{url}: HTTP {status}, not the rules API's JSON") from exc
 
     async def instant(self, query: str, at_ms: int) -> list[tuple[Labels, float]]:
@@ -187,7 +136,7 @@ class RemoteSource:
                 status = resp.status
         except TimeoutError as exc:
             self.failures["timeout"] += 1
-            raise SourceError(f"{self.url}: no answer within {self.config.timeout:g}s") from exc
+            raise SourceError(f"{self.url}: no answer within {deadline_s(self.config.timeout):g}s") from exc
         except aiohttp.ClientError as exc:
             self.failures["unreachable"] += 1
             raise SourceError(f"{self.url}: {exc.__class__.__name__}: {exc}") from exc
@@ -196,7 +145,7 @@ class RemoteSource:
             raise SourceError(f"{self.url}: answer larger than {MAX_RESPONSE_BYTES >> 20} MiB")
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting past the stack
             self.failures[f"http_{status}" if status >= 400 else "bad_response"] += 1
             excerpt = raw[:_BODY_EXCERPT].decode("utf-8", "replace")
             raise SourceError(f"{self.url}: HTTP {status}, not the query API's JSON: {excerpt!r}") from exc

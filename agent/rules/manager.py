@@ -22,6 +22,7 @@ error, like Prometheus.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -36,6 +37,7 @@ from agent.errors import AgentError, PromQLError, RuleError, TemplateError
 from agent.gocompat.fmt import format_float
 from agent.promql import Engine, Scalar, Vector
 from agent.rules.files import GroupSpec, RuleSpec
+from agent.rules.restore import earliest_active_at
 from agent.rules.template import Template
 from agent.series import METRIC_NAME, Labels, iso_ms, labels_from
 from agent.store import RoundWriter, Store
@@ -396,11 +398,15 @@ class RuleManager:
             except PromQLError as exc:
                 log.warning("cannot restore alert state from the source", rule=rule.spec.name, error=str(exc))
                 continue
-            for key, alert in rule.alerts.items():
-                wanted = set(key)
-                earlier = [v for labels, v in found if wanted <= set(labels) and math.isfinite(v)]
-                if alert.state is AlertState.PENDING and earlier and 0 < min(earlier) * 1000 < alert.active_at_ms:
-                    alert.active_at_ms = int(min(earlier) * 1000)
+            pending = [key for key, alert in rule.alerts.items() if alert.state is AlertState.PENDING]
+            if not pending:
+                continue
+            # one index over the series, off the loop: thousands of alerts x series held start-up (agent.rules.restore)
+            earliest = await asyncio.to_thread(earliest_active_at, pending, found)
+            for key, seconds in earliest.items():
+                alert = rule.alerts.get(key)  # the rule may have been evaluated meanwhile
+                if alert is not None and alert.state is AlertState.PENDING and 0 < seconds * 1000 < alert.active_at_ms:
+                    alert.active_at_ms = int(seconds * 1000)
                     count += 1
         return count
 

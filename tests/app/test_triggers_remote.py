@@ -1,12 +1,14 @@
 """Diagnostics in Prometheus mode: a GPUMemoryNearFull alert gets its GPU's memory history from
-a real Prometheus 2.42 (range queries through prometheus-api-client, in a worker thread), and the
-same finding as from the embedded store."""
+a real Prometheus 2.42 (range queries through agent.promql.history, in a worker thread), and the
+same finding as from the embedded store; a source that answers malformed range results skips the diagnosis."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
 from agent.act.notification import AlertSnapshot
@@ -18,7 +20,7 @@ from agent.promql.history import RemoteHistory
 from agent.store import SeriesMatcher, SeriesView, Store
 from tests.alertmanager import eventually
 from tests.prometheus import Prometheus
-from tests.receivers import RecordingServer
+from tests.receivers import RecordingServer, reply
 
 # GPU 1 of gpu-node-1 at 76,800 of 80,000 MiB (96 %), GPU 0 at 40 %; gpu-node-2's GPU 0 at 99 %.
 DCGM = """# TYPE DCGM_FI_DEV_FB_USED gauge
@@ -84,6 +86,35 @@ def test_an_unreachable_server_is_a_source_error() -> None:
     from agent.errors import SourceError
     from tests.receivers import free_port
 
-    history = RemoteHistory(SourceConfig(type="prometheus", url=f"http://127.0.0.1:{free_port()}", timeout="2s"))
+    history = RemoteHistory(SourceConfig.model_validate({"type": "prometheus", "url": f"http://127.0.0.1:{free_port()}",
+                                                         "timeout": "2s"}))
     with pytest.raises(SourceError, match="range query"):
         history.fetch(["up"], 0, 60_000)
+
+
+@pytest.mark.parametrize("answer", [
+    {"status": "success"},
+    [{"metric": {}, "values": []}],
+    {"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {"Hostname": 1}, "values": []}]}},
+    {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_FB_USED"}, "values": [[1e300, "1"], [1]]}]}},
+])
+@pytest.mark.parametrize("alertname", ["GPUMemoryNearFull", "VLLMKVCacheSaturated"])
+async def test_a_malformed_range_answer_skips_the_diagnosis_without_an_exception(answer: object,
+                                                                                 alertname: str) -> None:
+    """The diagnosis asks the source, meets a malformed answer, and ends quietly: no finding, no exception."""
+    async with RecordingServer(responder=reply(json_body=answer)) as srv:
+        config = Config.model_validate({"source": {"type": "prometheus", "url": srv.url("")},
+                                        "state": {"path": ":memory:"}})
+        posted: list[Finding] = []
+        d = Diagnostics(config, Store(3_600_000), lambda f, a: posted.append(f), history=RemoteHistory(config.source))
+        try:
+            d.on_alert(AlertSnapshot(labels={"alertname": alertname, "Hostname": "gpu-node-1", "gpu": "1",
+                                             "instance": "node-1:8000"}, annotations={}, status="firing",
+                                     starts_at_ms=int(time.time() * 1000)))
+            tasks = list(d._history_tasks)  # the spawned diagnosis: its result is what this test checks
+            assert tasks
+            await asyncio.wait_for(asyncio.gather(*tasks), 20)  # raises if the diagnosis raised
+        finally:
+            await d.stop()
+    assert srv.requests and not posted

@@ -139,3 +139,34 @@ async def test_no_remote_restore_over_state_from_the_database(tmp_path: Path) ->
     await manager.eval_group_remote(group, T0, server.query)
     assert await manager.restore_remote(group, T0, server.query, outage_tolerance_ms=3_600_000) == 0
     assert len(server.queries) == 1  # only the evaluation
+
+
+async def test_restoring_thousands_of_alerts_matches_each_with_its_own_series(tmp_path: Path) -> None:
+    """5,000 pending alerts against 10,000 ALERTS_FOR_STATE series (two replicas each, half older): every alert
+    takes its own earliest activeAt, and the event loop stays free while they are matched."""
+    import asyncio
+
+    manager, server = _manager(tmp_path), FakeServer()
+    (group,) = manager.groups
+    n = 5000
+    server.answer = [(labels_from(None, {"model_name": f"m{i}"}), 42.0) for i in range(n)]
+    await manager.eval_group_remote(group, T0, server.query)
+    base = {"alertname": "QueueGrowing", "severity": "warning"}
+    server.answer = [(labels_from(None, {**base, "model_name": f"m{i}", "replica": r}), (T0 - (i % 50 + d) * S) / 1000)
+                     for i in range(n) for r, d in (("a", 1), ("b", 2))]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        assert await manager.restore_remote(group, T0, server.query, outage_tolerance_ms=3_600_000) == n
+    finally:
+        task.cancel()
+    assert ticks > 1  # the loop ran the ticker while the alerts were matched in a worker thread
+    by_model = {dict(a.labels)["model_name"]: a.active_at_ms for a in manager.alerts()}
+    assert all(by_model[f"m{i}"] == T0 - (i % 50 + 2) * S for i in range(n))

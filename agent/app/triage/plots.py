@@ -10,6 +10,7 @@ matplotlib's font and text caches are shared. What makes them readable, checked 
   (``HH:MM:SS`` under ten minutes), and the axis titled "time (UTC)";
 * a y-axis label with the unit; percentages on a fixed 0-100 scale;
 * the incident shaded: pending in amber, firing in red (the page says so once), a dashed threshold line;
+* every text drawn literally (:func:`_literal`): a ``$`` in a label value is a dollar sign, never mathtext;
 * the legend outside the axes (right of the wide plot, under the narrow ones), so it never hides a
   line or a tick label; constrained layout makes the room.
 """
@@ -18,16 +19,18 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from datetime import UTC, datetime
 
 from matplotlib import dates as mdates
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from agent.app.triage.series import PlotData, Window
 
-__all__ = ["FIRING_COLOR", "PENDING_COLOR", "draw"]
+__all__ = ["FIRING_COLOR", "PENDING_COLOR", "draw", "figure"]
 
 FIRING_COLOR = "#d62728"
 PENDING_COLOR = "#ff9f1c"
@@ -49,6 +52,24 @@ def draw(data: PlotData, w: Window, *, pending_ms: int | None, fired_ms: int, re
          start_ms: int | None = None) -> bytes:
     """One plot as PNG bytes, from ``start_ms`` (default: the window's start; every plot of a report starts
     at the same time) to the window's end. ``resolved_ms`` 0: still firing (shaded to the window's end)."""
+    def png(d: PlotData) -> bytes:
+        buf = io.BytesIO()
+        figure(d, w, pending_ms=pending_ms, fired_ms=fired_ms, resolved_ms=resolved_ms,
+               start_ms=start_ms).savefig(buf, format="png", dpi=_DPI)
+        return buf.getvalue()
+
+    try:
+        return png(data)
+    except (ArithmeticError, ValueError, RuntimeError) as exc:
+        # finite values matplotlib cannot scale (1.7e308: its tick arithmetic overflows): the plot says so, and
+        # the reason joins the plot's errors, so the page's text (the figure's alt) says it too
+        data.errors.append(f"the series could not be drawn ({exc.__class__.__name__}: {str(exc)[:80]})")
+        return png(PlotData(data.spec, errors=data.errors))
+
+
+def figure(data: PlotData, w: Window, *, pending_ms: int | None, fired_ms: int, resolved_ms: int,
+           start_ms: int | None = None) -> Figure:
+    """The figure :func:`draw` saves (see there)."""
     start = w.start_ms if start_ms is None else start_ms
     epoch = _epoch_days()
 
@@ -77,8 +98,9 @@ def draw(data: PlotData, w: Window, *, pending_ms: int | None, fired_ms: int, re
         ax.axhline(spec.threshold, color=FIRING_COLOR, lw=1.2, ls="--", label=spec.threshold_label or "threshold")
     if data.empty:
         reason = "; ".join(data.errors)[:120] if data.errors else "no data for this incident's series"
-        ax.text(0.5, 0.5, reason, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#555555",
-                wrap=True)
+        # wrapped here, not with wrap=True: matplotlib measures wrapped text as mathtext whatever parse_math says
+        ax.text(0.5, 0.5, textwrap.fill(reason, 60), transform=ax.transAxes, ha="center", va="center", fontsize=9,
+                color="#555555")
     ax.set_xlim(_dt(start), _dt(w.end_ms))
     if spec.percent:
         top = max([100.0] + [v for line in data.lines for v in line.values if math.isfinite(v)])
@@ -94,21 +116,38 @@ def draw(data: PlotData, w: Window, *, pending_ms: int | None, fired_ms: int, re
     formatter = mdates.DateFormatter("%H:%M:%S" if span_s < 600 else "%H:%M", tz=UTC)  # type: ignore[no-untyped-call]
     ax.xaxis.set_major_formatter(formatter)
     ax.set_xlabel("time (UTC)", fontsize=9)
-    ax.set_ylabel(spec.ylabel, fontsize=9)
-    ax.set_title(spec.title, fontsize=10.5, loc="left")
+    ax.set_ylabel(_short(spec.ylabel, 40), fontsize=9)
+    ax.set_title(_short(spec.title, 110 if wide else 55), fontsize=10.5, loc="left")  # a rule name can be long
     ax.tick_params(labelsize=8.5)
     ax.grid(True, color="#e5e5e5", lw=0.6)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     handles, labels = ax.get_legend_handles_labels()
+    labels = [_short(label, 48) for label in labels]  # a legend as wide as the page squeezes the axes to nothing
     if handles:  # outside the axes (constrained layout makes room): right of a wide plot, under a narrow one
         if wide:
             fig.legend(handles, labels, loc="outside right upper", ncol=1, fontsize=8, frameon=False)
         else:
             fig.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI)
-    return buf.getvalue()
+    _literal(fig)
+    return fig
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters: a longer title or axis label leaves the plot no room."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _literal(fig: Figure) -> None:
+    """Every text on ``fig`` drawn as its characters: titles, axis labels, legend entries and the empty plot's
+    reason come from label values, rule names and a source's error messages, and matplotlib would read ``$...$``
+    in them as mathtext (an unbalanced ``$`` or an unknown ``\\command`` raises in ``savefig``, a balanced one
+    renders as math) and, with ``text.usetex`` set, hand them to TeX. Tick labels, made while drawing, are
+    numbers and times the formatters write."""
+    for text in fig.findobj(Text):
+        assert isinstance(text, Text)
+        text.set_usetex(False)
+        text.set_parse_math(False)
 
 
 def _non_negative(data: PlotData) -> bool:

@@ -10,8 +10,9 @@ scoped to the alert's ``gpu``/``Hostname`` labels, else to the node of its ``ins
 
 Where the data comes from is one function, ``RangeQuery``: in embedded mode the agent's own engine
 over its store (:func:`local_query`; on the event loop, where the store is written), in Prometheus
-mode a range query on the source with prometheus-api-client (:func:`remote_query`, blocking: the
-caller runs it in a thread). A query that fails draws its plot empty with the reason; it never
+mode a range query on the source (:func:`remote_query` over :mod:`agent.promql.history`, blocking and
+deadline-bound: the caller runs it in a thread). A query that fails (no answer in time, an answer too
+large or malformed: :class:`~agent.errors.SourceError`) draws its plot empty with the reason; it never
 fails the report.
 """
 
@@ -236,8 +237,10 @@ def local_query(engine: Engine) -> RangeQuery:
     return run
 
 
-def remote_query(history: RemoteHistory) -> RangeQuery:
-    """Range queries on the source (Prometheus mode; blocking, call in a thread)."""
+def remote_query(history: RemoteHistory, *, deadline: float | None = None) -> RangeQuery:
+    """Range queries on the source (Prometheus mode; blocking, call in a thread). ``deadline`` (a
+    :func:`time.monotonic` time) bounds all of them together: a query it leaves no time for fails at once,
+    and its plot says so."""
     def run(expr: str, start_ms: int, end_ms: int, step_ms: int) -> list[Points]:
-        return history.query_range(expr, start_ms, end_ms, step_s=step_ms / 1000)
+        return history.query_range(expr, start_ms, end_ms, step_s=step_ms / 1000, deadline=deadline)
     return run
