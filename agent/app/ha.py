@@ -6,7 +6,8 @@ the kubernetes client (about half a second at start-up, and nothing it needs).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
@@ -23,16 +24,20 @@ class Elector(Protocol):
     def stop(self) -> None: ...
 
 
-def leadership_for(config: Config, *, longest_interval_s: float) -> Leadership | None:
+def leadership_for(config: Config, *, longest_interval_s: float,
+                   clock: Callable[[], float] = time.time) -> Leadership | None:
     """A :class:`Leadership` in ``kubernetes`` mode; None otherwise (every replica sends everything:
     ``none`` has one replica, ``alertmanager_only`` has no direct receivers). ``longest_interval_s``: the
-    longest rule-group interval, by which the replicas' evaluations (and so their notifications) may differ."""
+    longest rule-group interval, by which the replicas' evaluations (and so their notifications) may differ.
+    ``clock``: the agent's wall clock, the one that stamps outbox items. The write allowance is the lease
+    API's request timeout (``retry_period``, agent.app.leader): how late a renew may commit after the leader
+    computed what it carries."""
     ha = config.ha
     if ha.mode != "kubernetes":
         return None
     margin = ha.margin_s(longest_interval_s, config.notify.dispatch_interval)
     return Leadership(str(ha.identity), renew_deadline_s=ha.lease.renew_deadline, margin_s=margin,
-                      queues=direct_queues(config))
+                      queues=direct_queues(config), clock=clock, write_allowance_s=ha.lease.retry_period)
 
 
 def start_elector(config: Config, leadership: Leadership) -> Elector:

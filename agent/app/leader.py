@@ -9,10 +9,11 @@ through :class:`~agent.act.leadership.Leadership`, whose state is behind a lock 
 flag expires by itself ``renew_deadline`` after the last successful renew.
 
 Two things are added to the client's lock here (:class:`_WatermarkLeaseLock`): the leader writes
-its delivered-through watermarks (one per direct receiver) into an annotation of the Lease it renews
-anyway, and every read of the lease tells the ``Leadership`` who holds it and what watermarks that
-holder published; and every
-API call gets a timeout (the client has none by default, and a hung call must not outlive the
+how far its delivered-through watermarks lie behind the moment of the write (one duration per direct
+receiver, never a time of its clock: :mod:`agent.act.leadership` says why) into an annotation of the
+Lease it renews anyway, and every read of the lease tells the ``Leadership`` who holds it, what that
+holder wrote, the record's ``resourceVersion`` and when (on this replica's clock) the read started;
+and every API call gets a timeout (the client has none by default, and a hung call must not outlive the
 renew deadline). ``LeaderElection.run()`` returns once leadership is lost; the thread starts a new
 election then, so the replica becomes a candidate again.
 """
@@ -37,8 +38,10 @@ __all__ = ["WATERMARK_ANNOTATION", "LeaseElector"]
 
 log = structlog.get_logger(__name__)
 
-#: The Lease annotation holding the leader's watermarks: a JSON object, direct queue -> Unix milliseconds.
-WATERMARK_ANNOTATION = "sre-agent.io/delivered-through-ms"
+#: The Lease annotation holding the leader's watermarks: a JSON object, direct queue -> milliseconds the
+#: watermark lies behind the write. Not ``delivered-through-ms`` (Unix ms, an earlier release): a pair in
+#: the middle of an upgrade ignores the other's annotation, so it settles nothing rather than misreads it.
+WATERMARK_ANNOTATION = "sre-agent.io/delivered-behind-ms"
 _LOG_EVERY = 30  # while the API stays unreachable, one error line per this many failed attempts
 
 
@@ -78,11 +81,18 @@ class _WatermarkLeaseLock(LeaseLock):
     def get(self, name: str, namespace: str) -> tuple[bool, Any]:
         if self._stopping.is_set():  # every round of the client's loops starts with a read
             raise _Stopped
+        started_ms = self._leadership.now_ms()  # before the request: a newer record was written after this
         found, record = super().get(name, namespace)
         ref: Any = self.lease_reference
         if found and ref is not None:
-            annotations = (ref.metadata.annotations or {}) if ref.metadata is not None else {}
-            self._leadership.observed(record.holder_identity, _watermarks(annotations.get(WATERMARK_ANNOTATION)))
+            meta = ref.metadata
+            annotations = (meta.annotations or {}) if meta is not None else {}
+            raw = annotations.get(WATERMARK_ANNOTATION)
+            version = meta.resource_version if meta is not None else None
+            if not version:  # the API server always sets one; without it, the record itself tells versions apart
+                version = repr((record.holder_identity, record.renew_time, raw))
+            self._leadership.observed(record.holder_identity, _watermarks(raw), version=str(version),
+                                      read_started_ms=started_ms)
         return found, record
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
@@ -106,7 +116,7 @@ class _WatermarkLeaseLock(LeaseLock):
 
 
 def _watermarks(raw: object) -> dict[str, int] | None:
-    """The annotation's JSON object of queue -> Unix ms; None if absent or not that shape (another
+    """The annotation's JSON object of queue -> ms behind the write; None if absent or not that shape (another
     writer's annotation is ignored, never trusted in part)."""
     if not isinstance(raw, str):
         return None

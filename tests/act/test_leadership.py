@@ -1,5 +1,6 @@
 """HA in the outbox: a follower holds direct items, settles what the leader's watermark covers, and
-sends the rest when it leads; a lease that is not renewed stops direct sends within its renew deadline."""
+sends the rest when it leads; a lease that is not renewed stops direct sends within its renew deadline;
+a pair whose wall clocks disagree (an hour either way) still settles exactly what the leader delivered."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from tests.receivers import RecordingServer
 
 RENEW_DEADLINE_S = 10.0
 MARGIN_S = 2.0
+ALLOWANCE_S = 1.0  # the lease API's request timeout
 T0_MS = 1_700_000_000_000
+NOW_MS = T0_MS + 60_000  # the rig's wall clock
 
 
 class Clock:
@@ -69,12 +72,18 @@ class Rig:
         self.db = db
         self.clock = clock
         self.lead = Leadership("me", renew_deadline_s=RENEW_DEADLINE_S, margin_s=MARGIN_S,
-                               queues=direct_queues(config), monotonic=clock)
+                               queues=direct_queues(config), monotonic=clock, clock=lambda: NOW_MS / 1000)
         self.delivery = OutboxDelivery(db, build_sinks(config, db, session), config.notify, scaler=None,
-                                       clock=lambda: T0_MS / 1000 + 60, rng=lambda: 0.5, leadership=self.lead)
+                                       clock=lambda: NOW_MS / 1000, rng=lambda: 0.5, leadership=self.lead)
+
+    def leader_says(self, watermark_ms: int) -> None:
+        """Two reads of the lease as written by the other replica: the second, a new version, carries a
+        ``behind`` that puts the leader's watermark at ``watermark_ms`` on this replica's clock."""
+        self.lead.observed("other", None, version="1", read_started_ms=NOW_MS)
+        self.lead.observed("other", {"hook": NOW_MS - watermark_ms}, version="2", read_started_ms=NOW_MS)
 
     async def round(self) -> None:
-        await self.delivery.start_due(T0_MS + 60_000)
+        await self.delivery.start_due(NOW_MS)
         await self.delivery.drain()
 
     def pending(self) -> list[str]:
@@ -113,7 +122,7 @@ async def test_follower_settles_what_the_watermark_covers_and_sends_the_rest_as_
     for n, created in enumerate([watermark - margin_ms - 1, watermark - margin_ms, watermark - margin_ms + 1,
                                  watermark + 5_000]):
         rig.db.outbox.enqueue(_note(n, created), now_ms=created)
-    rig.lead.observed("other", {"hook": watermark})
+    rig.leader_says(watermark)
     await rig.round()
     assert hook.posts() == []
     assert rig.pending() == ["hook:2", "hook:3"]
@@ -122,11 +131,12 @@ async def test_follower_settles_what_the_watermark_covers_and_sends_the_rest_as_
     await rig.round()
     assert _sent(hook) == ["A2", "A3"]
     assert rig.pending() == []
-    # as leader it publishes its watermark at the start of each round: just below the oldest item it
-    # still had to send, then (nothing direct left) everything up to now
-    assert rig.lead.to_publish() == {"hook": watermark - margin_ms, "other": T0_MS + 60_000 - 1}
+    # as leader it computes its watermark at the start of each round: just below the oldest item it
+    # still had to send, then (nothing direct left) everything up to now; the lease carries how far
+    # behind now that is
+    assert rig.lead.to_publish() == {"hook": NOW_MS - (watermark - margin_ms), "other": 1}
     await rig.round()
-    assert rig.lead.to_publish() == {"hook": T0_MS + 60_000 - 1, "other": T0_MS + 60_000 - 1}
+    assert rig.lead.to_publish() == {"hook": 1, "other": 1}
 
 
 async def test_leader_watermark_stops_below_its_oldest_undelivered_item_of_that_receiver_only(
@@ -142,7 +152,7 @@ async def test_leader_watermark_stops_below_its_oldest_undelivered_item_of_that_
     rig.db.outbox.enqueue(_note(2, T0_MS + 6_000, "other"), now_ms=T0_MS + 6_000)
     await rig.round()
     await rig.round()  # the watermark is computed at the start of a round, from what is still queued
-    assert rig.lead.to_publish() == {"hook": T0_MS + 5_000 - 1, "other": T0_MS + 60_000 - 1}
+    assert rig.lead.to_publish() == {"hook": NOW_MS - (T0_MS + 5_000 - 1), "other": 1}
     assert rig.pending() == ["hook:1"]
 
 
@@ -192,7 +202,153 @@ def test_leader_flag_expires_exactly_at_the_renew_deadline() -> None:
 def test_own_watermark_is_not_taken_as_the_leaders() -> None:
     """A lease read that shows this replica as holder does not move the observed watermark."""
     lead = Leadership("me", renew_deadline_s=RENEW_DEADLINE_S, margin_s=0, queues=())
-    lead.observed("other", {"hook": 5})
-    lead.observed("me", {"hook": 9})
-    assert lead.watermarks() == {"hook": 5}
+    lead.observed("other", {"hook": 5}, version="1", read_started_ms=100)
+    lead.observed("other", {"hook": 5}, version="2", read_started_ms=200)
+    lead.observed("me", {"hook": 9}, version="3", read_started_ms=300)
+    assert lead.watermarks() == {"hook": 95}
     assert lead.holder == "other"
+
+
+A_MS = int(ALLOWANCE_S * 1000)
+
+#: (what the reads returned: version, the holder's ``behind`` per queue, when the read started), the
+#: follower's watermarks after them
+READS = {
+    "the first read proves nothing": ([("1", {"hook": 0}, 1000)], {}),
+    "a new version: the previous read's start less behind and the allowance":
+        ([("1", None, 1000), ("2", {"hook": 300, "other": 0}, 3000)], {"hook": 700 - A_MS, "other": 1000 - A_MS}),
+    "the same version read again moves nothing":
+        ([("1", None, 1000), ("2", {"hook": 300}, 3000), ("2", {"hook": 300}, 9000)], {"hook": 700 - A_MS}),
+    "the next version counts from the read that returned the one before":
+        ([("1", None, 1000), ("2", {"hook": 0}, 3000), ("3", {"hook": 0}, 5000)], {"hook": 3000 - A_MS}),
+    "a claim of the future counts as zero":
+        ([("1", None, 1000), ("2", {"hook": -3_600_000}, 3000)], {"hook": 1000 - A_MS}),
+    "a version without annotation keeps what was seen":
+        ([("1", None, 1000), ("2", {"hook": 100}, 3000), ("3", None, 5000)], {"hook": 900 - A_MS}),
+}
+
+
+@pytest.mark.parametrize(("reads", "expected"), list(READS.values()), ids=list(READS))
+def test_follower_watermark_is_on_its_own_clock(reads: list[tuple[str, dict[str, int] | None, int]],
+                                                expected: dict[str, int]) -> None:
+    """The follower's copy of the leader's watermark comes from its own read times and the leader's
+    durations only: never later than the start of the read before the version it was written in."""
+    lead = Leadership("me", renew_deadline_s=RENEW_DEADLINE_S, margin_s=0, queues=(), write_allowance_s=ALLOWANCE_S)
+    for version, behind, started in reads:
+        lead.observed("other", behind, version=version, read_started_ms=started)
+    assert lead.watermarks() == expected
+
+
+# -- a skewed pair: each replica's wall clock at its own offset from the real time ----------------
+
+SKEWS_S = [0.0, 60.0, 3600.0, -60.0, -3600.0]  # the leader's clock minus the follower's
+
+
+class RealTime:
+    """The one real time both replicas live in (monotonic seconds), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Replica:
+    """One replica of the pair: its own state database and outbox, its wall clock ``offset_s`` off the real time."""
+
+    def __init__(self, name: str, db: StateDB, config: Config, session: aiohttp.ClientSession, *,
+                 real: RealTime, offset_s: float) -> None:
+        self.db = db
+        self.real, self.offset_s = real, offset_s
+        self.lead = Leadership(name, renew_deadline_s=RENEW_DEADLINE_S, margin_s=MARGIN_S,
+                               queues=direct_queues(config), monotonic=real, clock=self.wall,
+                               write_allowance_s=ALLOWANCE_S)
+        self.delivery = OutboxDelivery(db, build_sinks(config, db, session), config.notify, scaler=None,
+                                       clock=self.wall, rng=lambda: 0.5, leadership=self.lead)
+
+    def wall(self) -> float:
+        return T0_MS / 1000 + self.real() + self.offset_s
+
+    def now_ms(self) -> int:
+        return int(self.wall() * 1000)
+
+    def enqueue(self, n: int) -> None:
+        self.db.outbox.enqueue(_note(n, self.now_ms()), now_ms=self.now_ms())
+
+    async def round(self) -> None:
+        await self.delivery.start_due(self.now_ms())
+        await self.delivery.drain()
+
+    def pending(self) -> list[str]:
+        return [i.key for i in self.db.outbox.pending("hook")]
+
+
+class Lease:
+    """The Lease as the API server keeps it: the holder, the watermark annotation, a version every write bumps."""
+
+    def __init__(self) -> None:
+        self.holder: str | None = None
+        self.annotation: dict[str, int] | None = None
+        self.version = 0
+
+    def renew(self, leader: Replica) -> None:
+        self.holder, self.annotation = leader.lead.identity, leader.lead.to_publish() or None
+        self.version += 1
+        leader.lead.acquired()
+
+    def read(self, replica: Replica) -> None:
+        replica.lead.observed(self.holder, self.annotation, version=str(self.version),
+                              read_started_ms=replica.now_ms())
+
+
+@pytest.mark.parametrize("skew_s", SKEWS_S, ids=[f"leader{s:+.0f}s" for s in SKEWS_S])
+async def test_skewed_pair_settles_only_what_the_leader_delivered(
+        tmp_path: Path, hook: RecordingServer, skew_s: float) -> None:
+    """Whatever the skew between the two wall clocks, the follower settles the notification the leader
+    delivered (not sent twice) and keeps the one the leader never delivered, which it sends on takeover."""
+    config, real = _config(hook), RealTime()
+    leader_db, follower_db = StateDB(tmp_path / "leader.db"), StateDB(tmp_path / "follower.db")
+    lease = Lease()
+    try:
+        async with aiohttp.ClientSession() as session:
+            leader = Replica("leader", leader_db, config, session, real=real, offset_s=skew_s)
+            follower = Replica("follower", follower_db, config, session, real=real, offset_s=0.0)
+            lease.read(follower)
+            lease.renew(leader)
+
+            async def tick(seconds: float) -> None:  # the pair in steady state, one dispatch round a second
+                end = real.now + seconds
+                while real.now < end:
+                    real.now += 1
+                    await leader.round()
+                    lease.renew(leader)
+                    lease.read(follower)
+                    await follower.round()
+
+            follower.enqueue(1)  # both evaluate the alert, the follower a moment first
+            real.now += 0.3
+            leader.enqueue(1)
+            await tick(10)
+            assert _sent(hook) == ["A1"]
+            assert follower.pending() == []  # settled: the leader delivered it
+            follower.enqueue(2)  # the next alert: the leader's evaluation comes later (within the margin) ...
+            real.now += 0.5
+            await leader.round()  # ... after it published "nothing left to send"
+            lease.renew(leader)
+            lease.read(follower)
+            await follower.round()
+            real.now += 0.5
+            leader.enqueue(2)  # then it dies before delivering its copy
+            for _ in range(5):
+                real.now += 1
+                lease.read(follower)
+                await follower.round()
+            assert follower.pending() == ["hook:2"]
+            follower.lead.acquired()  # takeover
+            await follower.round()
+            assert _sent(hook) == ["A1", "A2"]
+            assert follower.pending() == []
+    finally:
+        leader_db.close()
+        follower_db.close()

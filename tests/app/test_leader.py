@@ -1,5 +1,6 @@
 """The Lease elector (kubernetes client's leader election) against tests/fake_kube.py: one leader of two,
-the watermark travels on the lease, an API outage ends leadership within the renew deadline."""
+the watermark travels on the lease (as a duration, whatever the two clocks say), an API outage ends
+leadership within the renew deadline."""
 
 from __future__ import annotations
 
@@ -35,10 +36,55 @@ def _ha(tmp_path: Path, kube: FakeKube, identity: str) -> HaConfig:
     return load_config(path, {}).ha
 
 
+class SkewedClock:
+    """A replica's wall clock: the real one plus ``offset_s`` (set once the test knows who leads)."""
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset_s
+
+
 class Replica:
     def __init__(self, ha: HaConfig) -> None:
-        self.lead = Leadership(str(ha.identity), renew_deadline_s=RENEW_S, margin_s=0, queues=())
+        self.clock = SkewedClock()
+        self.lead = Leadership(str(ha.identity), renew_deadline_s=RENEW_S, margin_s=0, queues=(), clock=self.clock,
+                               write_allowance_s=RETRY_S)
         self.elector = LeaseElector(ha, self.lead)
+
+
+async def _one_leader(a: Replica, b: Replica) -> tuple[Replica, Replica]:
+    """Wait for exactly one of the two to lead; (leader, follower)."""
+    async def one() -> Replica | None:
+        leaders = [r for r in (a, b) if r.lead.is_leader()]
+        assert len(leaders) <= 1
+        return leaders[0] if leaders else None
+
+    leader = await eventually(one, what="a leader")
+    return leader, b if leader is a else a
+
+
+BEHIND_MS = 5_000  # what the leader publishes: everything up to 5 s ago (its clock) is delivered
+
+
+async def _published_and_seen(leader: Replica, follower: Replica, *, after: int | None = None) -> int:
+    """The leader publishes a watermark BEHIND_MS ago on its own clock; the follower's copy of it, on its
+    own clock, must never pass that moment and must get within a few lease rounds of it (and past
+    ``after``). Returns it."""
+    published_at_ms = follower.lead.now_ms()  # the moment, on the follower's clock
+    leader.lead.publish({"hook": leader.lead.now_ms() - BEHIND_MS})
+    slack_ms = RETRY_S * 1000 * 3 + 500  # the read before the write, the allowance, a slow round
+
+    async def follower_caught_up() -> int | None:
+        seen = follower.lead.watermarks().get("hook")
+        if seen is None:
+            return None
+        assert seen <= published_at_ms - BEHIND_MS, (seen, published_at_ms)  # never more than was delivered
+        caught_up = seen >= published_at_ms - BEHIND_MS - slack_ms and (after is None or seen > after)
+        return seen if caught_up else None
+
+    return await eventually(follower_caught_up, timeout=6 * RETRY_S + 5, what="the follower's watermark")
 
 
 async def test_two_contend_one_leads_and_the_watermark_reaches_the_follower(tmp_path: Path, kube: FakeKube) -> None:
@@ -47,27 +93,39 @@ async def test_two_contend_one_leads_and_the_watermark_reaches_the_follower(tmp_
     a.elector.start()
     b.elector.start()
     try:
-        async def one_leader() -> Replica | None:
-            leaders = [r for r in (a, b) if r.lead.is_leader()]
-            assert len(leaders) <= 1
-            return leaders[0] if leaders else None
-
-        leader = await eventually(one_leader, what="a leader")
-        follower = b if leader is a else a
+        leader, follower = await _one_leader(a, b)
         assert kube.holder() == leader.lead.identity
-        leader.lead.publish({"hook": 12345})
-
-        async def follower_saw() -> bool | None:
-            return True if follower.lead.watermarks() == {"hook": 12345} else None
-
-        await eventually(follower_saw, what="the watermark read by the follower")
-        assert any(w.annotations.get(WATERMARK_ANNOTATION) == '{"hook":12345}' for w in kube.writes)
+        await _published_and_seen(leader, follower)
+        carried = [json.loads(w.annotations[WATERMARK_ANNOTATION])["hook"] for w in kube.writes
+                   if WATERMARK_ANNOTATION in w.annotations]
+        assert carried and all(BEHIND_MS <= ms < BEHIND_MS + 60_000 for ms in carried)  # a duration, not a time
         deadline = time.monotonic() + LEASE_S + 2 * RETRY_S  # longer than a lease: the follower stays one
         while time.monotonic() < deadline:
             assert not follower.lead.is_leader()
             await asyncio.sleep(0.1)
         assert leader.lead.is_leader()
         assert {w.holder for w in kube.writes} == {leader.lead.identity}
+    finally:
+        a.elector.stop()
+        b.elector.stop()
+
+
+SKEWS_S = [60.0, 3600.0, -60.0, -3600.0]  # the leader's clock minus the follower's
+
+
+@pytest.mark.parametrize("skew_s", SKEWS_S, ids=[f"leader{s:+.0f}s" for s in SKEWS_S])
+async def test_the_followers_watermark_ignores_the_skew_between_the_clocks(
+        tmp_path: Path, kube: FakeKube, skew_s: float) -> None:
+    """With the leader's clock a minute or an hour ahead or behind, the follower's copy of the watermark
+    still never passes what the leader delivered, and still follows it within a few lease rounds."""
+    a, b = Replica(_ha(tmp_path, kube, "a")), Replica(_ha(tmp_path, kube, "b"))
+    a.elector.start()
+    b.elector.start()
+    try:
+        leader, follower = await _one_leader(a, b)
+        leader.clock.offset_s = skew_s
+        first = await _published_and_seen(leader, follower)
+        await _published_and_seen(leader, follower, after=first)  # and it moves on with the leader
     finally:
         a.elector.stop()
         b.elector.stop()
