@@ -26,6 +26,7 @@ from agent.act.routing import Router
 from agent.app.daemon import Agent
 from agent.app.demo import DemoReceivers, run_demo
 from agent.app.logs import configure_logging
+from agent.cli import argtypes
 from agent.cli import nccl as nccl_cmd
 from agent.cli import oom as oom_cmd
 from agent.cli import plan as plan_cmd
@@ -58,6 +59,11 @@ Diagnose:    sre-agent plan -- vllm serve MODEL --tensor-parallel-size 4 ...
              sre-agent nccl --parse all_reduce_perf.txt
 Triage:      sre-agent triage --latest --config agent.yaml --out report.html
 """
+
+
+#: Model seconds per wall second for the simulator and demo: past this a step covers minutes of
+#: model time and the queueing model stops being one (1e300 spins the simulator forever).
+_MAX_SPEED = 1000.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,14 +128,15 @@ def _parser() -> argparse.ArgumentParser:
                           description="Start the simulator and the agent, and show the fleet's live state "
                                       "as the agent sees it. Ctrl-C to stop.")
     _fleet_flags(demo, default_port=18000, default_scenario="story", default_balance="least_request")
-    demo.add_argument("--listen", default="127.0.0.1:9400", help="agent HTTP address (default %(default)s)")
-    demo.add_argument("--interval", default="15s",
+    demo.add_argument("--listen", default="127.0.0.1:9400", type=_listen,
+                      help="agent HTTP address (default %(default)s)")
+    demo.add_argument("--interval", default="15s", type=argtypes.duration_text,
                       help="scrape and evaluation interval, in model time (default %(default)s)")
-    demo.add_argument("--time-scale", type=float, default=6.0, metavar="X",
+    demo.add_argument("--time-scale", type=argtypes.number(maximum=_MAX_SPEED), default=6.0, metavar="X",
                       help="model seconds per wall second, for the simulator and the agent alike: the rules' "
                            "`for` durations are kept in model time, so the story scenario (about 15.5 model "
                            "minutes) takes about 2.5 wall minutes at the default %(default)s (replaces --speed)")
-    demo.add_argument("--duration", type=float, default=0.0,
+    demo.add_argument("--duration", type=argtypes.number(inclusive=True), default=0.0,
                       help="stop after this many wall seconds (default: run until Ctrl-C)")
     demo.add_argument("--exit-after-story", action="store_true",
                       help="stop once every step of the story has happened and the summary is printed")
@@ -158,14 +165,16 @@ def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scena
                  default_balance: str = "even") -> None:
     p.add_argument("--replicas", type=int, default=3, help="vLLM replicas (default %(default)s)")
     p.add_argument("--lmdeploy", type=int, default=1, help="LMDeploy replicas (default %(default)s)")
-    p.add_argument("--port", type=int, default=default_port, help="first replica port (default %(default)s)")
+    p.add_argument("--port", type=argtypes.port(), default=default_port,
+                   help="first replica port (default %(default)s)")
     p.add_argument("--scenario", default=default_scenario, choices=sorted(SCENARIOS),
                    help="load pattern (default %(default)s)")
     p.add_argument("--generation", default="v1", choices=["v0", "v1"], help="vLLM metric names (default v1)")
-    p.add_argument("--speed", type=float, default=1.0, help="model seconds per wall second (default 1)")
+    p.add_argument("--speed", type=argtypes.number(maximum=_MAX_SPEED), default=1.0,
+                   help="model seconds per wall second (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", type=Path, help="where replicas write their logs (oom scenario)")
-    p.add_argument("--dcgm-port", type=int, default=None,
+    p.add_argument("--dcgm-port", type=argtypes.port(allow_off=True), default=None,
                    help="GPU exporter port: simulated dcgm-exporter /metrics of every replica's GPUs "
                         "(default: --port minus 2, a free port with --port 0; -1 turns it off)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
@@ -174,6 +183,17 @@ def _fleet_flags(p: argparse.ArgumentParser, *, default_port: int, default_scena
                    help="how the simulated load balancer shares demand among vLLM replicas: even, or "
                         "least_request (Envoy's power-of-two-choices, so new replicas take the queue's "
                         "new arrivals) (default %(default)s)")
+
+
+def _listen_text(text: str) -> str:
+    """``HOST:PORT`` for ``demo --listen`` (checked here: the config it goes into would name ``server.listen``)."""
+    _host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"must be HOST:PORT with a port from 0 to 65535, got {text!r:.60}")
+    return text
+
+
+_listen = argtypes.checked(_listen_text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

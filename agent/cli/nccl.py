@@ -5,7 +5,8 @@ collective, ranks/nodes/GPUs, the largest size, its bus bandwidth against the
 expected figure, the average, wrong results, the verdict and findings with runbook
 links. ``sre-agent nccl --parse out.txt`` (or ``-``) does the same for an output
 someone already has. Exit 0 healthy, 1 a problem (low, wrong results, failed), 2 bad
-input (unreadable file, no result rows, binary not found, unknown interconnect).
+input (unreadable file, no result rows, a value that is no measurement such as an ``inf`` or
+negative bandwidth, binary not found, unknown interconnect).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.app.logs import configure_logging
+from agent.cli.argtypes import duration, integer, number
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
-from agent.config import NcclDiagnosisConfig, load_config, parse_duration
+from agent.config import NcclDiagnosisConfig, load_config
 from agent.diagnose.findings import DEFAULT_RUNBOOK_BASE, Finding
 from agent.diagnose.nccl.interconnects import INTERCONNECTS, check_configured
 from agent.diagnose.nccl.judge import NcclResult, check, parse_nccl, size_text, to_json
@@ -35,9 +37,12 @@ from agent.diagnose.nccl.run import (
 )
 from agent.errors import DiagnosisError
 
-__all__ = ["add_parser", "exit_code_for"]
+__all__ = ["MAX_PARSE_BYTES", "add_parser", "exit_code_for"]
 
 _PROBLEM_VERDICTS = ("low", "wrong-results", "failed")
+#: A saved all_reduce_perf output is a few kilobytes; one with NCCL_DEBUG=INFO from hundreds of ranks a
+#: few megabytes. Past this it is not an nccl-tests output.
+MAX_PARSE_BYTES = 64 << 20
 
 _EPILOG = """\
 examples:
@@ -48,13 +53,6 @@ interconnects (expected busbw, GB/s): """ + ", ".join(
     f"{k} {v.busbw_gbps:g}{'/NIC' if v.per_nic else ''}" for k, v in INTERCONNECTS.items())
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "nccl", help="measure inter-GPU bandwidth with nccl-tests and judge it",
@@ -63,14 +61,15 @@ def add_parser(sub: Any) -> None:
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parse", metavar="FILE", help="judge an existing output (FILE, or - for stdin) instead of running")
     p.add_argument("--binary", help="nccl-tests binary (default: all_reduce_perf on PATH, or diagnostics.nccl.binary)")
-    p.add_argument("--gpus", type=int, help="-g: GPUs per process (default: every visible GPU without a launcher)")
+    p.add_argument("--gpus", type=integer(0),
+                   help="-g: GPUs per process (default: every visible GPU without a launcher)")
     p.add_argument("--min-bytes", help="-b (default 8)")
     p.add_argument("--max-bytes", help="-e (default 8G)")
-    p.add_argument("--step-factor", type=int, help="-f (default 2)")
+    p.add_argument("--step-factor", type=integer(1), help="-f (default 2)")
     p.add_argument("--launcher", help="command prefix, e.g. 'mpirun -np 16 -H a:8,b:8' (split like a shell would)")
-    p.add_argument("--timeout", type=_duration, help="kill the run after this long (default 15m)")
+    p.add_argument("--timeout", type=duration, help="kill the run after this long (default 15m)")
     expect = p.add_mutually_exclusive_group()
-    expect.add_argument("--expected-gbps", type=float, help="the busbw this system should reach, in GB/s")
+    expect.add_argument("--expected-gbps", type=number(), help="the busbw this system should reach, in GB/s")
     expect.add_argument("--interconnect", help="a key of the expected-bandwidth table (see below)")
     p.add_argument("--config", "-c", type=Path, help="agent config: diagnostics.nccl supplies the defaults")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -102,11 +101,18 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.parse is not None:
             result = parse_nccl(_read(args.parse))
+            if result.invalid:  # an infinite or negative bandwidth is no measurement to judge
+                print(f"error: {args.parse}: {result.invalid[0]}"
+                      + (f" (and {len(result.invalid) - 1} more)" if len(result.invalid) > 1 else ""),
+                      file=sys.stderr)
+                return EXIT_BAD_INPUT
             if not result.rows and not result.failed:
                 print(f"error: no nccl-tests result rows in {args.parse}", file=sys.stderr)
                 return EXIT_BAD_INPUT
         else:
             result = _execute(args, config)
+            for line in result.invalid:  # the binary's own output: judge the rows that are measurements
+                print(f"warning: ignored {line}", file=sys.stderr)
         verdict, findings = check(result, expected_gbps=expected, interconnect=interconnect,
                                   runbook_base=runbook_base)
     except DiagnosisError as exc:
@@ -120,14 +126,26 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _read(name: str) -> str:
+    """The saved output, at most :data:`MAX_PARSE_BYTES` of it (``/dev/zero`` or a core dump given by
+    mistake would otherwise be read into memory whole)."""
     try:
-        return sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8", errors="replace")
+        if name == "-":
+            data: str | bytes = sys.stdin.read(MAX_PARSE_BYTES + 1)  # characters, never more than their bytes
+        else:
+            with Path(name).open("rb") as fh:
+                data = fh.read(MAX_PARSE_BYTES + 1)
     except OSError as exc:
         raise DiagnosisError(f"{name}: cannot read: {exc.strerror}") from exc
+    if len(data) > MAX_PARSE_BYTES:
+        raise DiagnosisError(f"{name}: over the {MAX_PARSE_BYTES:,}-byte limit for an nccl-tests output")
+    return data if isinstance(data, str) else data.decode("utf-8", errors="replace")
 
 
 def _execute(args: argparse.Namespace, config: NcclDiagnosisConfig) -> NcclResult:
-    launcher = shlex.split(args.launcher) if args.launcher is not None else list(config.launcher)
+    try:
+        launcher = shlex.split(args.launcher) if args.launcher is not None else list(config.launcher)
+    except ValueError as exc:  # "No closing quotation"
+        raise DiagnosisError(f"--launcher: cannot split it as a shell would: {exc}") from exc
     binary = args.binary or config.binary
     gpus = args.gpus if args.gpus is not None else config.gpus
     if gpus == 0 and not launcher:

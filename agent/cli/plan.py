@@ -21,8 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agent.cli.argtypes import checked, duration
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
-from agent.cli.plan_live import run_live
+from agent.cli.plan_live import DEFAULT_TIMEOUT_S, run_live
 from agent.config import parse_size
 from agent.diagnose.plan.memory import MXFP4_BACKENDS
 from agent.diagnose.plan.models import (
@@ -35,7 +36,7 @@ from agent.diagnose.plan.models import (
 )
 from agent.diagnose.plan.overhead import SAMPLERS, accounting_for_version, default_max_num_seqs
 from agent.diagnose.plan.planner import KV_CACHE_DTYPES, LMDEPLOY_SCALE_BYTES, QUANTIZATIONS, GiB, Plan, PlanInput, plan
-from agent.diagnose.plan.servecmd import parse_human_int, parse_serve_command
+from agent.diagnose.plan.servecmd import parse_count, parse_fraction, parse_human_int, parse_serve_command
 from agent.errors import DiagnosisError
 
 __all__ = ["add_parser", "build_input", "render_table", "run"]
@@ -66,12 +67,13 @@ def add_parser(sub: Any) -> None:
                                                                        "what the checkpoint's config/name says)")
     p.add_argument("--dtype", choices=["auto", "float16", "bfloat16"])
     p.add_argument("--kv-cache-dtype", choices=[k for k in KV_CACHE_DTYPES if k != "int4"])
-    p.add_argument("--tensor-parallel-size", "-tp", type=int)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int)
-    p.add_argument("--max-model-len", type=parse_human_int, help="default: the model's maximum")
-    p.add_argument("--max-num-seqs", type=int, help="default: vLLM V1's, 1024 on ≥70 GiB GPUs (not A100), else 256")
-    p.add_argument("--gpu-memory-utilization", type=float, help="default 0.9 (vLLM's)")
-    p.add_argument("--max-num-batched-tokens", type=parse_human_int,
+    count, length = checked(parse_count), checked(parse_human_int)
+    p.add_argument("--tensor-parallel-size", "-tp", type=count)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=count)
+    p.add_argument("--max-model-len", type=length, help="default: the model's maximum")
+    p.add_argument("--max-num-seqs", type=count, help="default: vLLM V1's, 1024 on ≥70 GiB GPUs (not A100), else 256")
+    p.add_argument("--gpu-memory-utilization", type=checked(parse_fraction), help="default 0.9 (vLLM's)")
+    p.add_argument("--max-num-batched-tokens", type=length,
                    help="sizes the activation estimate (default: vLLM V1's, 2048 or 8192 on ≥70 GiB GPUs)")
     p.add_argument("--vllm-version", help="the vLLM version whose memory accounting to model (e.g. 0.11.0; "
                                           "default: V1 as in 0.8-0.20; 0.21+ also reserves CUDA graphs)")
@@ -90,6 +92,9 @@ def add_parser(sub: Any) -> None:
                       help="a vLLM /metrics URL (or host:port) to scrape once; repeat for several replicas")
     live.add_argument("--from-fleet", type=Path, metavar="CONFIG",
                       help="scrape every target of this agent config file")
+    live.add_argument("--timeout", type=duration, metavar="DURATION",
+                      help="the most one target's reply may take, connect to last byte (default: the config's "
+                           f"scrape.timeout, else {DEFAULT_TIMEOUT_S:g}s); e.g. 5s, 1m")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("serve", nargs="*", metavar="-- COMMAND",
                    help="a vllm serve / python -m vllm.entrypoints.openai.api_server / lmdeploy serve api_server "
@@ -153,8 +158,10 @@ def build_input(args: argparse.Namespace) -> tuple[PlanInput, list[str]]:
     elif args.gpu_memory:
         try:
             gpu_name, total = f"{args.gpu_memory} GPU", parse_size(args.gpu_memory)
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:  # OverflowError: digits past a float's range
             raise DiagnosisError(f"--gpu-memory: {exc}") from exc
+        if total <= 0:
+            raise DiagnosisError(f"--gpu-memory: must be more than 0 bytes, got {args.gpu_memory!r}")
     else:
         raise DiagnosisError("give --gpu (A100-40GB, A100-80GB, H100, H200, L40S, RTX-4090) or --gpu-memory SIZE")
     if engine == "lmdeploy":

@@ -9,47 +9,80 @@ that removes preemptions or queueing. ``max_model_len`` comes from ``--max-model
 not given, from the server's ``/v1/models`` (vLLM's model card carries it); the output says
 which. ``--from-fleet`` takes the targets of an agent config file.
 
+Each reply has a total deadline (connect, headers and body together: ``--timeout``, else the
+config's or the daemon's default ``scrape.timeout``) and a size cap (``scrape.body_limit``, 16 MiB
+by default, counted after decompression), as the daemon's scraper has: a target that trickles its
+answer or sends an endless body is a "no answer" (exit 2), never a hung command.
+
 The network sits behind one function (``fetch``: URL → body), so tests pass their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import math
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
+
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.collect.exposition import parse
-from agent.config import load_config
+from agent.config import ScrapeConfig, load_config
 from agent.diagnose.findings import Finding
+from agent.diagnose.plan.fields import positive_int
 from agent.diagnose.plan.fleet import ReplicaCapacity, capacity_advice, replicas_from_store
-from agent.errors import ConfigError, ExpositionError
+from agent.errors import ConfigError, DiagnosisError, ExpositionError, ScrapeError
 from agent.series import labels_from
 from agent.store import Store
 
-__all__ = ["Fetch", "fetch_url", "run_live"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_BODY_BYTES", "Fetch", "fetch_url", "run_live"]
 
 Fetch = Callable[[str], bytes]
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
-_TIMEOUT_S = 10.0
-_MAX_BYTES = 64 << 20
+_CHUNK = 64 << 10
+#: The daemon's defaults for one scrape (``scrape.timeout``, ``scrape.body_limit``): one place decides both.
+DEFAULT_TIMEOUT_S: float = ScrapeConfig().timeout
+MAX_BODY_BYTES: int = ScrapeConfig().body_limit
 
 
-def fetch_url(url: str) -> bytes:
-    """GET an http(s) ``url`` (10 s timeout, 64 MiB cap); :class:`OSError` when it does not answer 200."""
+def fetch_url(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """GET an http(s) ``url`` with one deadline for the whole exchange and a cap on the body;
+    :class:`~agent.errors.ScrapeError` when it times out, is too big or answers other than 2xx.
+    Runs its own event loop: the CLI calls it from synchronous code."""
     if urlsplit(url).scheme not in ("http", "https"):
-        raise OSError(f"not an http(s) URL: {url}")
+        raise ScrapeError(f"not an http(s) URL: {url}")
+    return asyncio.run(_get(url, timeout_s, max_bytes))
+
+
+async def _get(url: str, timeout_s: float, max_bytes: int) -> bytes:
     headers = {"Accept": _ACCEPT, "User-Agent": "sre-agent-plan"}
-    req = urllib.request.Request(url, headers=headers)  # noqa: S310 (scheme checked above)
-    with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as resp:  # noqa: S310 (scheme checked above)
-        return bytes(resp.read(_MAX_BYTES))
+    too_big = f"body of more than {max_bytes:,} bytes (the limit, as the scraper's scrape.body_limit)"
+    try:
+        async with asyncio.timeout(timeout_s), aiohttp.ClientSession(headers=headers) as http, \
+                http.get(url, allow_redirects=True) as resp:
+            if not 200 <= resp.status < 300:
+                raise ScrapeError(f"HTTP status {resp.status} {resp.reason or ''}".strip())
+            if resp.content_length is not None and resp.content_length > max_bytes:
+                raise ScrapeError(too_big)
+            chunks, size = [], 0
+            async for chunk in resp.content.iter_chunked(_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ScrapeError(too_big)
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except TimeoutError as exc:
+        raise ScrapeError(f"no complete answer within {timeout_s:g}s (--timeout)") from exc
+    except aiohttp.ClientError as exc:
+        raise ScrapeError(f"{type(exc).__name__}: {exc}") from exc
 
 
 def _metrics_url(url: str) -> str:
@@ -67,21 +100,24 @@ def _served_max_model_len(fetch: Fetch, metrics_url: str) -> int | None:
     """``max_model_len`` of the first model vLLM's OpenAI-compatible ``/v1/models`` lists."""
     try:
         data = json.loads(fetch(_models_url(metrics_url)))
-        value = data["data"][0]["max_model_len"]
-        return int(value) if value else None
-    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
-        return None  # not vLLM's OpenAI server, or an older one without max_model_len
+        return positive_int(data["data"][0]["max_model_len"], "max_model_len")  # not NaN, inf, -1 or "4096"
+    except (OSError, http.client.HTTPException, ScrapeError, DiagnosisError, ValueError, KeyError, IndexError,
+            TypeError, RecursionError):
+        return None  # not vLLM's OpenAI server, an older one without max_model_len, or no usable number
 
 
 def scrape_replica(url: str, job: str, fetch: Fetch, *, max_model_len: int | None,
                    now_ms: int) -> tuple[list[ReplicaCapacity], str]:
     """One target's replicas (one per ``instance``; a data-parallel server reports one cache) and
     a problem line ("" when it answered)."""
-    metrics = _metrics_url(url)
+    try:
+        metrics = _metrics_url(url)
+    except ValueError as exc:  # urlsplit: "Invalid IPv6 URL", a port that is not a number
+        return [], f"{url}: not a URL ({exc})"
     try:
         body = fetch(metrics).decode("utf-8", errors="replace")
         families = parse(body)
-    except (OSError, http.client.HTTPException) as exc:  # URLError and timeouts are OSErrors
+    except (OSError, http.client.HTTPException, ScrapeError) as exc:
         return [], f"{metrics}: no answer ({exc})"
     except ExpositionError as exc:
         return [], f"{metrics}: not a Prometheus text exposition ({exc})"
@@ -115,11 +151,14 @@ def _render(r: ReplicaCapacity, f: Finding) -> list[str]:
     return lines
 
 
-def run_live(args: argparse.Namespace, *, fetch: Fetch = fetch_url,
+def run_live(args: argparse.Namespace, *, fetch: Fetch | None = None,
              clock: Callable[[], float] = time.time) -> int:
     """The ``--from-target``/``--from-fleet`` form of ``plan``; exit 0 when every replica serves
-    its load, 1 when one needs a change, 2 when a target does not answer or the config is bad."""
+    its load, 1 when one needs a change, 2 when a target does not answer (in time, within the size
+    cap, with 2xx) or the config is bad. ``fetch`` defaults to :func:`fetch_url` with ``--timeout``
+    (else the config's ``scrape.timeout``) and the config's ``scrape.body_limit``."""
     targets: list[tuple[str, str]] = [(url, "vllm") for url in args.from_target or []]
+    scrape = ScrapeConfig()
     if args.from_fleet is not None:
         try:
             cfg = load_config(args.from_fleet)
@@ -127,11 +166,14 @@ def run_live(args: argparse.Namespace, *, fetch: Fetch = fetch_url,
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         targets += [(t.url, t.job) for t in cfg.targets]
+        scrape = cfg.scrape
+    get: Fetch = fetch or partial(fetch_url, timeout_s=getattr(args, "timeout", None) or scrape.timeout,
+                                  max_bytes=scrape.body_limit)
     now_ms = int(clock() * 1000)
     results: list[tuple[ReplicaCapacity, Finding]] = []
     problems: list[str] = []
     for url, job in targets:
-        replicas, problem = scrape_replica(url, job, fetch, max_model_len=args.max_model_len, now_ms=now_ms)
+        replicas, problem = scrape_replica(url, job, get, max_model_len=args.max_model_len, now_ms=now_ms)
         if problem:
             problems.append(problem)
         results += [(r, capacity_advice(r)) for r in replicas]

@@ -292,7 +292,8 @@ class NcclDiagnosisConfig(ConfigModel):
     # a key of the expected-bandwidth table (checked at start-up by
     # agent.diagnose.nccl.interconnects.check_configured); empty: guess from GPU count
     interconnect: str = ""
-    expected_gbps: float | None = None  # overrides the table
+    # overrides the table; finite and > 0: a NaN would make every ratio NaN and judge any run "low"
+    expected_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("schedule")
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.cli import main
+from agent.cli import nccl as nccl_cmd
 from tests.conftest import FIXTURES, REPO
 
 NCCL = FIXTURES / "nccl"
@@ -148,3 +149,41 @@ def test_real_process_runs_the_fake_binary() -> None:
     assert doc["verdict"] == "ok"  # the fake's 1 GiB busbw: 230 x 1024 / (1024 + 64) = 216.47 GB/s, 94 % of 230
     assert doc["ranks"] == 2 and len(doc["rows"]) == 11
     assert "# Collective test starting: all_reduce_perf" in proc.stderr  # not a TTY: plain lines
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "NaN", "1e999", "-12.5"])
+@pytest.mark.parametrize("column", [0, 1, 5, 6, 7, 8, 11, "footer"])
+def test_parse_refuses_values_that_are_no_measurement(column: int | str, value: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """An inf/nan/1e999/negative size, count, time, bandwidth, #wrong or footer figure is exit 2 with the
+    line and column on stderr, never a verdict (an infinite busbw used to be judged healthy, exit 0)."""
+    lines = (NCCL / "a100x8_nvswitch_allreduce.txt").read_text(encoding="utf-8").splitlines()
+    if column == "footer":
+        lines[48], where = f"# Avg bus bandwidth    : {value}", "line 49: Avg bus bandwidth"
+    else:
+        assert isinstance(column, int)
+        tokens = lines[46].split()  # the 4 GiB row, line 47
+        tokens[column] = value
+        lines[46] = "  ".join(tokens)
+        name = {0: "size", 1: "count", 5: "time", 6: "algbw", 7: "busbw", 8: "#wrong", 11: "busbw"}[column]
+        where = f"line 47: {name}"
+    path = tmp_path / "out.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["nccl", "--parse", str(path), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == f"error: {path}: {where} is {value!r}, not a measurement (a finite number ≥ 0)"
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_parse_refuses_an_input_over_the_size_cap(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A file or stdin over the cap (a real output, then padding) is exit 2 naming the limit, not read whole."""
+    monkeypatch.setattr(nccl_cmd, "MAX_PARSE_BYTES", 4096)
+    text = (NCCL / "a100x8_nvswitch_allreduce.txt").read_text(encoding="utf-8") + "#" * 4096 + "\n"
+    path = tmp_path / "big.txt"
+    path.write_text(text, encoding="utf-8")
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    assert main(["nccl", "--parse", str(path) if source == "file" else "-"]) == 2
+    assert "over the 4,096-byte limit for an nccl-tests output" in capsys.readouterr().err

@@ -107,6 +107,8 @@ def check(result: NcclResult, *, expected_gbps: float | None = None, interconnec
                         "plateau; run with -e 8G")
     if result.truncated:
         evidence.append("output is truncated: the largest sizes may be missing")
+    # A live run's rows that held inf/nan/negative numbers were dropped by the parser; say so beside the verdict.
+    evidence.extend(f"ignored {line}" for line in result.invalid[:5])
 
     def finding(kind: str, summary: str, severity: str, extra: list[str] | None = None, **kw: Any) -> Finding:
         return Finding(kind=kind, summary=summary, severity=severity, evidence=[*evidence, *(extra or [])],

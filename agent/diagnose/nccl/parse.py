@@ -12,11 +12,17 @@ A run has *failed* when it printed ``Test NCCL failure`` / ``Test CUDA failure``
 printed ``NCCL WARN`` and never reached its footer. An ``NCCL WARN`` in a run that
 finished (``Could not find a path for pattern 4, falling back``) is kept as evidence
 but does not fail it.
+
+A number that is not a measurement (``inf``, ``nan``, ``1e999``, a negative size, time or
+bandwidth, in a row or in the ``Avg bus bandwidth`` footer) makes no row: it is recorded in
+:attr:`NcclResult.invalid` with its line, so a caller can refuse the input (``nccl --parse``
+exits 2) instead of judging an infinite bandwidth healthy.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -39,7 +45,10 @@ _PARAMS_RE = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes")
 _COLLECTIVE_RE = re.compile(r"\b(" + "|".join(sorted(COLLECTIVES, key=len, reverse=True)) + r")_perf\b")
 _GPUS_FLAG_RE = re.compile(r"_perf\b.*?\s-g\s*(\d+)")
 _OOB_RE = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
-_AVG_RE = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
+_AVG_RE = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(\S+)", re.IGNORECASE)
+# A row starts with its size: digits, or what a broken run prints there instead (nan, inf, -8, 1e999).
+_ROW_START_RE = re.compile(r"^[-+]?(?:\d|\.\d|inf|nan)", re.IGNORECASE)
+_MAX_INVALID_LINES = 40  # invalid-value lines an NcclResult keeps
 _TIME_COLUMNS = ("time", "cputime")
 
 
@@ -90,6 +99,7 @@ class NcclResult:
     out_of_bounds: int | None = None  # "Out of bounds values : N"
     exit_code: int | None = None
     hosts: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)  # "line N: busbw is inf, not a measurement"
 
     @property
     def largest_size(self) -> int | None:
@@ -114,6 +124,9 @@ class NcclStreamParser:
         self._avg: float | None = None
         self._oob: int | None = None
         self._last_partial = False
+        self._footer = False  # the "Avg bus bandwidth" line was seen (the run finished)
+        self._lineno = 0
+        self._invalid: list[str] = []
         if command:
             self._scan_command(" ".join(command))
 
@@ -122,6 +135,7 @@ class NcclStreamParser:
         return self._rows
 
     def feed(self, raw: str) -> NcclRow | None:
+        self._lineno += 1
         line = _PREFIX_RE.sub("", raw.rstrip("\r\n"))
         if not line.strip():
             return None
@@ -145,16 +159,24 @@ class NcclStreamParser:
             self._oob = int(m.group(1))
             return None
         if (m := _AVG_RE.match(line.strip())) is not None:
-            self._avg = float(m.group(1))
+            self._footer = True
+            try:
+                self._avg = _measured("Avg bus bandwidth", m.group(1))
+            except _NotMeasured as exc:
+                self._note_invalid(str(exc))
             return None
         self._scan_command(line)
         tokens = line.lstrip("#").split()
         if tokens[:2] == ["size", "count"]:
             self._set_header(tokens)
             return None
-        if line.lstrip().startswith("#") or not self._groups or not tokens[0].isdigit():
+        if line.lstrip().startswith("#") or not self._groups or not _ROW_START_RE.match(tokens[0]):
             return None
-        row = self._parse_row(tokens)
+        try:
+            row = self._parse_row(tokens)
+        except _NotMeasured as exc:
+            self._note_invalid(str(exc))
+            return None
         if row is None:
             self._last_partial = True
         else:
@@ -171,7 +193,7 @@ class NcclStreamParser:
             ranks = self._params[0] * self._params[1]
         else:
             ranks = self._gpus_flag or 0
-        finished = self._avg is not None
+        finished = self._footer
         failed = self._hard or exit_code not in (None, 0) or (self._warn and not finished)
         largest = max((r.size for r in rows), default=None)
         peak = max((r.busbw_gbps for r in rows if r.size == largest), default=None)
@@ -185,8 +207,12 @@ class NcclStreamParser:
             collective=self._collective or "unknown", ranks=ranks, nodes=len(hosts), gpu_models=models,
             rows=list(rows), peak_busbw_gbps=peak, avg_busbw_gbps=avg, wrong=wrong, failed=failed,
             failure_lines=lines, truncated=bool(rows) and (self._last_partial or not finished),
-            out_of_bounds=self._oob, exit_code=exit_code, hosts=hosts,
+            out_of_bounds=self._oob, exit_code=exit_code, hosts=hosts, invalid=list(self._invalid),
         )
+
+    def _note_invalid(self, what: str) -> None:
+        if len(self._invalid) < _MAX_INVALID_LINES:
+            self._invalid.append(f"line {self._lineno}: {what}")
 
     def _scan_command(self, line: str) -> None:
         if not self._collective and (m := _COLLECTIVE_RE.search(line)) is not None:
@@ -216,21 +242,46 @@ class NcclStreamParser:
             if len(halves) < len(self._groups) or len(keys) < len(self._key_cols):
                 return None  # a partial line: the output was cut off here
             root = keys.get("root")
-            return NcclRow(size=int(keys["size"]), count=int(keys["count"]), type=keys.get("type", ""),
-                           redop=keys.get("redop", ""), root=int(root) if root is not None else None,
+            return NcclRow(size=_whole("size", keys["size"]), count=_whole("count", keys["count"]),
+                           type=keys.get("type", ""), redop=keys.get("redop", ""),
+                           root=int(root) if root is not None else None,  # -1: no root (all-reduce)
                            out_of_place=halves[0], in_place=halves[1] if len(halves) > 1 else None)
         except (KeyError, ValueError):
             return None
 
 
+class _NotMeasured(Exception):  # internal control flow: the row is dropped and noted, never raised out
+    """A column holds a number that no measurement can be: non-finite or negative."""
+
+
+def _measured(column: str, text: str) -> float:
+    """``text`` as a finite number ≥ 0; :class:`ValueError` when it is not a number at all (a cut-off
+    line), :class:`_NotMeasured` when it is one no run can measure (``inf``, ``nan``, ``1e999``, ``-3``)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise _NotMeasured(f"{column} is {text!r:.40}, not a measurement (a finite number ≥ 0)")
+    return value
+
+
+def _whole(column: str, text: str) -> int:
+    """A size, element or wrong-value count: a whole number ≥ 0 (digits read exactly, past 2**53 too)."""
+    if text.isdigit():
+        return int(text)
+    value = _measured(column, text)
+    if not value.is_integer():
+        raise ValueError(f"{column}: not a whole number")
+    return int(value)
+
+
 def _measurement(values: dict[str, str]) -> Measurement:
-    time = values.get("time", values.get("cputime", "nan"))
+    time_col = "time" if "time" in values else "cputime"
+    time = values.get(time_col, "nan")
     wrong_text = values.get("#wrong")
-    wrong = None if wrong_text in (None, "N/A") else int(float(wrong_text))
+    wrong = None if wrong_text in (None, "N/A") else _whole("#wrong", wrong_text)
     error_text = values.get("error")
-    error = None if error_text in (None, "N/A") else float(error_text)
-    return Measurement(time_us=float(time), algbw_gbps=float(values["algbw"]), busbw_gbps=float(values["busbw"]),
-                       wrong=wrong, max_error=error)
+    error = None if error_text in (None, "N/A") else _measured("error", error_text)
+    return Measurement(time_us=_measured(time_col, time), algbw_gbps=_measured("algbw", values["algbw"]),
+                       busbw_gbps=_measured("busbw", values["busbw"]), wrong=wrong, max_error=error)
 
 
 def parse_nccl(text: str, *, exit_code: int | None = None, command: list[str] | None = None) -> NcclResult:

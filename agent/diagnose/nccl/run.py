@@ -84,8 +84,11 @@ def expected_sizes(cmd: Sequence[str]) -> int:
     for flag, value in itertools.pairwise(cmd):
         if flag in opts:
             opts[flag] = value
-    lo, hi, factor, step = (parse_nccl_size(opts["-b"]), parse_nccl_size(opts["-e"]), int(opts["-f"]),
-                            parse_nccl_size(opts["-i"]))
+    try:
+        factor = int(opts["-f"])
+    except ValueError as exc:
+        raise DiagnosisError(f"-f (step factor): not an integer: {opts['-f']!r:.40}") from exc
+    lo, hi, step = parse_nccl_size(opts["-b"]), parse_nccl_size(opts["-e"]), parse_nccl_size(opts["-i"])
     if lo <= 0 or hi < lo:
         return 1
     if factor > 1:

@@ -33,6 +33,7 @@ from agent.errors import DiagnosisError
 
 __all__ = [
     "GPU_MEMORY_MIB",
+    "MAX_CONFIG_BYTES",
     "PRESETS",
     "PRESET_SOURCES",
     "ModelSpec",
@@ -50,6 +51,9 @@ __all__ = [
 _NOISE_TOKENS = frozenset({
     "meta", "instruct", "chat", "hf", "base", "sft", "it", "awq", "gptq", "int4", "int8", "fp8", "fp16", "bf16",
 })
+#: A ``config.json`` is a few kilobytes (Llama 4's, with its vision tower, under 10 KB); reading more
+#: than this is someone pointing ``--model-config`` at a weights or log file.
+MAX_CONFIG_BYTES = 4 << 20
 _QUANT_TOKENS = {"awq": "awq", "gptq": "gptq", "int4": "gptq", "fp8": "fp8", "int8": "int8"}
 
 
@@ -232,11 +236,19 @@ def gpu_memory_bytes(name: str) -> int:
 def load_model_config(path: Path, name: str = "") -> ModelSpec:
     """:meth:`ModelSpec.from_hf_config` on a file, named (unless ``name`` is given) after the folder of
     a ``config.json``, as a Hugging Face snapshot lays it out, else after the file (``llama-4.config.json``:
-    ``llama-4``); unreadable or non-JSON files raise :class:`DiagnosisError` from their cause."""
+    ``llama-4``); unreadable or non-JSON files, files over :data:`MAX_CONFIG_BYTES` and JSON nested
+    past Python's recursion limit raise :class:`DiagnosisError` from their cause."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise DiagnosisError(f"model config {path} is over the {MAX_CONFIG_BYTES:,}-byte limit (a config.json "
+                                 "is a few kilobytes; is this the weights file?)")
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DiagnosisError(f"cannot read model config {path}: {exc}") from exc
+    except RecursionError as exc:
+        raise DiagnosisError(f"cannot read model config {path}: JSON nested too deeply") from exc
     if not isinstance(data, dict):
         raise DiagnosisError(f"model config {path} is not a JSON object")
     stem = path.name.removesuffix(".json").removesuffix(".config")

@@ -37,7 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import RegexError
+from agent.diagnose.plan.fields import MAX_VALUE, opt_int, positive_int
+from agent.errors import DiagnosisError, RegexError
 from agent.gocompat.regex import compile_go
 
 __all__ = ["KINDS", "METHODS", "QuantScheme", "bytes_per_weight", "default_scheme", "ignored_kinds", "normalize_method",
@@ -45,6 +46,8 @@ __all__ = ["KINDS", "METHODS", "QuantScheme", "bytes_per_weight", "default_schem
 
 #: The quantization methods the planner models (``--quantization`` values, normalized).
 METHODS = ("none", "awq", "gptq", "fp8", "int8", "compressed-tensors", "mxfp4", "bitsandbytes")
+_PREFIX = "quantization_config."  # where errors say a field sits in config.json
+_MAX_BITS = 32  # bits per weight: 16 is unquantized; more is not a quantization
 _ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "marlin": "gptq", "fbgemm_fp8": "fp8", "ptpc_fp8": "fp8",
             "compressed_tensors": "compressed-tensors", "bnb": "bitsandbytes", "": "none"}
 
@@ -93,15 +96,13 @@ def scheme_from_config(config: Mapping[str, Any]) -> QuantScheme:
     method = normalize_method(str(config.get("quant_method", "")))
     base = default_scheme(method)
     if method in ("awq", "gptq"):
-        bits = _int(config, ("bits", "w_bit"), base.bits)
-        group = _int(config, ("group_size", "q_group_size"), base.group_size)
+        bits = _int(config, ("bits", "w_bit"), base.bits, maximum=_MAX_BITS)
+        group = _group_size(config, ("group_size", "q_group_size"), base.group_size)
         zero = bool(config.get("zero_point", True)) if method == "awq" else True  # GPTQ stores qzeros always
-        return QuantScheme(method, bits=bits, group_size=max(group, 0), zero_point=zero)
+        return QuantScheme(method, bits=bits, group_size=group, zero_point=zero)
     if method == "fp8":
-        block = config.get("weight_block_size")
-        if isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) for b in block):
-            return QuantScheme(method, bits=8, block=block[0] * block[1], scale_bytes=4)
-        return base
+        block = _block(config.get("weight_block_size"), "weight_block_size")
+        return QuantScheme(method, bits=8, block=block, scale_bytes=4) if block else base
     if method == "compressed-tensors":
         return _compressed_tensors(config) or base
     if method == "bitsandbytes":
@@ -120,11 +121,12 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantScheme | None:
         weights = group.get("weights") if isinstance(group, Mapping) else None
         if not isinstance(weights, Mapping):
             continue
-        bits = _int(weights, ("num_bits",), 8)
+        bits = _int(weights, ("num_bits",), 8, maximum=_MAX_BITS, prefix="config_groups.weights.")
         strategy = str(weights.get("strategy", "tensor"))
-        group_size = _int(weights, ("group_size",), 0) if strategy == "group" else 0
-        block = weights.get("block_structure")
-        block_n = block[0] * block[1] if strategy == "block" and isinstance(block, list) and len(block) == 2 else 0
+        group_size = _group_size(weights, ("group_size",), 0, prefix="config_groups.weights.") \
+            if strategy == "group" else 0
+        block_n = _block(weights.get("block_structure"), "config_groups.weights.block_structure") \
+            if strategy == "block" else 0
         zero = weights.get("symmetric") is False
         return QuantScheme("compressed-tensors", bits=bits, group_size=group_size, zero_point=zero, block=block_n,
                            scale_bytes=4 if block_n else 2)
@@ -143,7 +145,7 @@ _KIND_MODULES: Mapping[str, tuple[str, ...]] = {
     "experts": ("mlp.experts.0.gate_proj", "mlp.experts.0.down_proj", "mlp.experts.0.w1", "mlp.experts.0.w2"),
 }
 KINDS = tuple(_KIND_MODULES)
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_LAYER = re.compile(r"^model\.layers\.(\d{1,9})\.")  # bounded: int() refuses over 4,300 digits
 
 
 def ignored_kinds(config: Mapping[str, Any], layers: Mapping[str, int]) -> dict[str, float]:
@@ -170,7 +172,7 @@ def ignored_kinds(config: Mapping[str, Any], layers: Mapping[str, int]) -> dict[
             whole |= {kind for kind, names in _KIND_MODULES.items()
                       if any(pattern.search(f"model.layers.1.{name}") for name in names)}
             continue
-        layer = _LAYER.match(entry)
+        layer = _LAYER.match(entry[:200])
         if layer:
             rest = entry[layer.end():]
             named.update({kind: named[kind] | {int(layer[1])} for kind, names in _KIND_MODULES.items()
@@ -192,9 +194,27 @@ def bytes_per_weight(scheme: QuantScheme) -> float:
     return value
 
 
-def _int(data: Mapping[str, Any], keys: tuple[str, ...], default: int) -> int:
-    for key in keys:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
+def _int(data: Mapping[str, Any], keys: tuple[str, ...], default: int, *, maximum: int = MAX_VALUE,
+         prefix: str = "") -> int:
+    """A positive integer field of ``quantization_config`` (``default`` when unset); a value that is
+    set but unusable raises :class:`DiagnosisError` naming it."""
+    value = opt_int(data, keys, prefix=_PREFIX + prefix, maximum=maximum)
+    return default if value is None else value
+
+
+def _group_size(data: Mapping[str, Any], keys: tuple[str, ...], default: int, *, prefix: str = "") -> int:
+    """A quantization group size: positive, or ``-1`` (GPTQ's and AutoAWQ's "one group per output
+    channel", i.e. no grouping, read as 0)."""
+    first = next((data[k] for k in keys if data.get(k) is not None), None)
+    if type(first) in (int, float) and first == -1:
+        return 0
+    return _int(data, keys, default, prefix=prefix)
+
+
+def _block(value: Any, path: str) -> int:
+    """Weights per scale of a ``[rows, columns]`` block (0 when unset)."""
+    if value is None:
+        return 0
+    if not isinstance(value, list) or len(value) != 2:
+        raise DiagnosisError(f"{_PREFIX}{path}: must be two positive integers, got {value!r:.60}")
+    return positive_int(value[0], f"{_PREFIX}{path}[0]") * positive_int(value[1], f"{_PREFIX}{path}[1]")

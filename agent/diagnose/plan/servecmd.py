@@ -25,6 +25,7 @@ LMDeploy's flags map onto the planner's fields: ``--tp`` → tensor parallel siz
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -32,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from agent.diagnose.plan.fields import MAX_VALUE
 from agent.diagnose.plan.quant import METHODS, normalize_method
 from agent.errors import DiagnosisError
 
-__all__ = ["ServeCommand", "parse_human_int", "parse_serve_command"]
+__all__ = ["ServeCommand", "parse_count", "parse_fraction", "parse_human_int", "parse_serve_command"]
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
@@ -45,14 +47,45 @@ _QUANT_ALIASES = {"hf": "none", "llama": "none"}  # LMDeploy's --model-format na
 
 
 def parse_human_int(text: str) -> int:
-    """``8192``, ``32k`` (32,000) or ``32K`` (32,768): vLLM's reading of lengths."""
+    """``8192``, ``32k`` (32,000) or ``32K`` (32,768): vLLM's reading of lengths. A length is at
+    least 1 and at most :data:`~agent.diagnose.plan.fields.MAX_VALUE`."""
     m = _HUMAN_INT.match(text.strip())
     if m is None:
-        raise ValueError(f"not a whole number: {text!r} (use e.g. 8192, 32k or 32K)")
+        raise ValueError(f"must be a positive whole number, got {text!r:.60} (use e.g. 8192, 32k or 32K)")
     value = float(m.group(1)) * _UNITS[m.group(2)]
-    if not value.is_integer():
-        raise ValueError(f"not a whole number: {text!r}")
-    return int(value)
+    if not value.is_integer():  # also inf, from a number too long for a float
+        raise ValueError(f"must be a positive whole number, got {text!r:.60}")
+    return _in_range(int(value), text)
+
+
+def parse_count(text: str) -> int:
+    """A parallel size, sequence count or block size: a whole number ≥ 1 (``0``, ``-4``, ``2.5``,
+    ``nan`` and ``inf`` are refused with the value in the message)."""
+    try:
+        value = int(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"must be a positive integer, got {text!r:.60}") from exc
+    return _in_range(value, text)
+
+
+def parse_fraction(text: str) -> float:
+    """A share of memory (``--gpu-memory-utilization``, ``--cache-max-entry-count``): a finite
+    number in (0, 1]. ``nan`` would compare false with every bound and slip through a range check."""
+    try:
+        value = float(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"must be a number in (0, 1], got {text!r:.60}") from exc
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise ValueError(f"must be a number in (0, 1], got {text!r:.60}")
+    return value
+
+
+def _in_range(value: int, text: str) -> int:
+    if value < 1:
+        raise ValueError(f"must be a positive integer, got {text!r:.60}")
+    if value > MAX_VALUE:
+        raise ValueError(f"must be at most {MAX_VALUE:,}, got {text!r:.60}")
+    return value
 
 
 def _quant(text: str) -> str:
@@ -78,27 +111,27 @@ def _dtype(text: str) -> str:
 _Converter = Callable[[str], Any]
 _VLLM_FLAGS: dict[str, tuple[str, _Converter]] = {
     "model": ("model", str),
-    "tensor-parallel-size": ("tensor_parallel_size", int),
-    "pipeline-parallel-size": ("pipeline_parallel_size", int),
+    "tensor-parallel-size": ("tensor_parallel_size", parse_count),
+    "pipeline-parallel-size": ("pipeline_parallel_size", parse_count),
     "max-model-len": ("max_model_len", parse_human_int),
-    "max-num-seqs": ("max_num_seqs", int),
-    "gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "max-num-seqs": ("max_num_seqs", parse_count),
+    "gpu-memory-utilization": ("gpu_memory_utilization", parse_fraction),
     "quantization": ("quantization", _quant),
     "dtype": ("dtype", _dtype),
     "kv-cache-dtype": ("kv_cache_dtype", str.lower),
-    "block-size": ("block_size", int),
+    "block-size": ("block_size", parse_count),
     "max-num-batched-tokens": ("max_num_batched_tokens", parse_human_int),
 }
 _LMDEPLOY_FLAGS: dict[str, tuple[str, _Converter]] = {
-    "tp": ("tensor_parallel_size", int),
+    "tp": ("tensor_parallel_size", parse_count),
     "session-len": ("max_model_len", parse_human_int),
-    "max-batch-size": ("max_num_seqs", int),
-    "cache-max-entry-count": ("cache_max_entry_count", float),
+    "max-batch-size": ("max_num_seqs", parse_count),
+    "cache-max-entry-count": ("cache_max_entry_count", parse_fraction),
     "quant-policy": ("kv_cache_dtype", _quant_policy),
     "model-format": ("quantization", _quant),
     "dtype": ("dtype", _dtype),
-    "cache-block-seq-len": ("block_size", int),
-    "max-prefill-token-num": ("max_num_batched_tokens", int),
+    "cache-block-seq-len": ("block_size", parse_count),
+    "max-prefill-token-num": ("max_num_batched_tokens", parse_count),
 }
 # Switches that change the plan: flag -> PlanInput field set to True.
 _VLLM_SWITCHES = {"disable-hybrid-kv-cache-manager": "disable_hybrid_kv_cache_manager"}
@@ -122,10 +155,14 @@ class ServeCommand:
 
 def parse_serve_command(argv: Sequence[str]) -> ServeCommand:
     """Parse a serving command. Raises :class:`DiagnosisError` for an unrecognised program,
-    a missing model or a flag value that is not a number where one is needed."""
+    a missing model, an unbalanced quote in a one-string command, or a flag value that is not
+    a usable number where one is needed (naming the flag)."""
     tokens = list(argv)
     if len(tokens) == 1 and any(c.isspace() for c in tokens[0]):
-        tokens = shlex.split(tokens[0])
+        try:
+            tokens = shlex.split(tokens[0])
+        except ValueError as exc:  # "No closing quotation", "No escaped character"
+            raise DiagnosisError(f"cannot split the serving command as a shell would: {exc}") from exc
     environment: dict[str, str] = {}
     while tokens and _ENV_ASSIGNMENT.match(tokens[0]):
         key, _, value = tokens.pop(0).partition("=")

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.diagnose.plan.fields import MAX_LAYERS, opt_int, positive_int
 from agent.diagnose.plan.quant import ignored_kinds, scheme_from_config
 from agent.errors import DiagnosisError
 
@@ -55,27 +56,33 @@ def count_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: 
 
 def parse_hf_config(raw: Mapping[str, Any], name: str = "") -> dict[str, Any]:
     """``ModelSpec`` keyword arguments from a ``config.json`` mapping. Raises
-    :class:`DiagnosisError` naming the missing field when the shape cannot be determined."""
+    :class:`DiagnosisError` naming the missing field when the shape cannot be determined, and the
+    field and its value when one is not a usable number (:mod:`agent.diagnose.plan.fields`)."""
     data: Mapping[str, Any] = raw
+    prefix = ""
     vision = 0
     if isinstance(raw.get("text_config"), Mapping) and not _has_any(raw, ("num_hidden_layers", "n_layer",
                                                                           "num_layers")):
         data = {**raw["text_config"], **{k: raw[k] for k in _TOP_LEVEL if k in raw}}
+        prefix = "text_config."
     model_type = str(data.get("model_type", ""))
-    data = {**_DEFAULTS.get(model_type, {}), **data}
-    layers = _int_field(data, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"), "num_hidden_layers")
+    data = _Section({**_DEFAULTS.get(model_type, {}), **data}, prefix)
+    layers = _int_field(data, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"), "num_hidden_layers",
+                        maximum=MAX_LAYERS)
     hidden = _int_field(data, ("hidden_size", "n_embd", "d_model"), "hidden_size")
     heads = _int_field(data, ("num_attention_heads", "n_head", "num_heads"), "num_attention_heads")
     kv_heads = _opt_int(data, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
     if kv_heads is None and data.get("multi_query_attention"):
         kv_heads = _opt_int(data, ("multi_query_group_num",))
     kv_heads = kv_heads or heads  # absent: multi-head attention, one KV head per query head
+    if heads > hidden:
+        raise DiagnosisError(f"{prefix}num_attention_heads: {heads} heads do not fit in a hidden size of {hidden}")
     head_dim = _opt_int(data, ("head_dim", "kv_channels")) or hidden // heads
     vocab = _int_field(data, ("vocab_size", "padded_vocab_size"), "vocab_size")
     inter = _opt_int(data, ("intermediate_size", "ffn_hidden_size", "n_inner")) or 4 * hidden
     if model_type == "qwen":
         inter //= 2  # Qwen1: w1 and w2 are each intermediate_size/2 wide (modeling_qwen.QWenMLP)
-    lengths = [int(data[k]) for k in _MAX_LEN_KEYS if isinstance(data.get(k), int) and data[k] > 0]
+    lengths = [n for k in _MAX_LEN_KEYS if (n := _opt_int(data, (k,))) is not None]
     max_len = min(lengths) if lengths else 2048  # vLLM's fallback when a config names no length
     tied = bool(data.get("tie_word_embeddings", False))
     bias = model_type in ("qwen", "qwen2") or bool(data.get("attention_bias") or data.get("add_qkv_bias"))
@@ -107,7 +114,7 @@ def parse_hf_config(raw: Mapping[str, Any], name: str = "") -> dict[str, Any]:
     out.update(moe)
     out.update(_attention_windows(data, layers, model_type))
     if isinstance(raw.get("vision_config"), Mapping):
-        vision = vision_params(raw["vision_config"], hidden)
+        vision = vision_params(_Section(raw["vision_config"], "vision_config."), hidden)
     kinds = {"attention": layers * attention, "dense_mlp": dense_mlp, "shared_experts": experts["shared"],
              "experts": experts["expert"] - experts["shared"]}
     counts = {"attention": layers, "dense_mlp": layers - moe_layers, "shared_experts": moe_layers,
@@ -130,8 +137,8 @@ def _moe(data: Mapping[str, Any], layers: int, hidden: int, inter: int) -> tuple
     moe_idx = [i for i in range(layers) if _is_moe_layer(data, i)]
     shared = (_opt_int(data, ("n_shared_experts", "num_shared_experts")) or 0) * width
     shared_gate = 0
-    if _opt_int(data, ("shared_expert_intermediate_size",)):
-        shared = int(data["shared_expert_intermediate_size"])
+    if shared_width := _opt_int(data, ("shared_expert_intermediate_size",)):
+        shared = shared_width
         shared_gate = hidden  # Qwen2-MoE's shared_expert_gate
     elif str(data.get("model_type", "")).startswith("llama4"):
         shared = inter  # Llama 4: one shared expert as wide as a routed one
@@ -149,13 +156,16 @@ def _is_moe_layer(data: Mapping[str, Any], i: int) -> bool:
     """Whether layer ``i`` is a mixture-of-experts layer, as vLLM's model files decide."""
     if "first_k_dense_replace" in data:  # DeepSeek-V2/V3, Kimi K2
         freq = _opt_int(data, ("moe_layer_freq",)) or 1
-        return i >= int(data["first_k_dense_replace"]) and i % freq == 0
+        return i >= (_opt_int(data, ("first_k_dense_replace",)) or 0) and i % freq == 0
     if "interleave_moe_layer_step" in data:  # Llama 4
-        step = int(data["interleave_moe_layer_step"])
+        step = _opt_int(data, ("interleave_moe_layer_step",)) or 0
         return step > 0 and (i + 1) % step == 0
     if "decoder_sparse_step" in data:  # Qwen2-MoE, Qwen3-MoE
         only = data.get("mlp_only_layers") or []
-        step = int(data["decoder_sparse_step"]) or 1
+        if not isinstance(only, list):
+            raise DiagnosisError(f"{getattr(data, 'prefix', '')}mlp_only_layers: must be a list of layer numbers, "
+                                 f"got {type(only).__name__}")
+        step = _opt_int(data, ("decoder_sparse_step",)) or 1
         return i not in only and (i + 1) % step == 0
     return True  # Mixtral, gpt-oss: every layer
 
@@ -194,8 +204,7 @@ def _attention_windows(data: Mapping[str, Any], layers: int, model_type: str) ->
     types = data.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
         sliding = sum(1 for t in types if "sliding" in str(t))
-    elif _opt_int(data, ("sliding_window_pattern",)):
-        pattern = int(data["sliding_window_pattern"])
+    elif pattern := _opt_int(data, ("sliding_window_pattern",)):
         sliding = sum(1 for i in range(layers) if (i + 1) % pattern)
     elif model_type in ("gemma2", "cohere2"):
         sliding = (layers + 1) // 2 if model_type == "gemma2" else layers - layers // 4
@@ -229,17 +238,29 @@ def _has_any(data: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
     return any(k in data for k in keys)
 
 
-def _opt_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
-    for key in keys:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+class _Section(dict[str, Any]):
+    """The part of a config the shape is read from, with the key path errors name it by
+    (``text_config.`` for a multimodal wrapper's language model)."""
+
+    def __init__(self, data: Mapping[str, Any], prefix: str) -> None:
+        super().__init__(data)
+        self.prefix = prefix
 
 
-def _int_field(data: Mapping[str, Any], keys: tuple[str, ...], label: str) -> int:
-    value = _opt_int(data, keys)
+def _opt_int(data: Mapping[str, Any], keys: tuple[str, ...], *, maximum: int | None = None) -> int | None:
+    """:func:`~agent.diagnose.plan.fields.opt_int` with the section's key path."""
+    prefix = getattr(data, "prefix", "")
+    return opt_int(data, keys, prefix=prefix) if maximum is None else opt_int(data, keys, prefix=prefix,
+                                                                              maximum=maximum)
+
+
+def _int_field(data: Mapping[str, Any], keys: tuple[str, ...], label: str, *, maximum: int | None = None) -> int:
+    """A required field: absent is an error, and so is ``0`` (which :func:`_opt_int` reads as unset)."""
+    value = _opt_int(data, keys, maximum=maximum)
     if value is None:
+        present = next((k for k in keys if data.get(k) is not None), None)
+        if present is not None:
+            positive_int(data[present], getattr(data, "prefix", "") + present)  # raises, naming it
         raise DiagnosisError(f"model config has no {label} (looked for {', '.join(keys)})")
     return value
 

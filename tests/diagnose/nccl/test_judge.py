@@ -395,3 +395,17 @@ def test_every_finding_kind_has_its_runbook() -> None:
     assert {f"diagnosis-{k}" for k in kinds} == set(RUNBOOKS)
     for name in RUNBOOKS:
         assert (REPO / "runbooks" / f"{name}.md").is_file()
+
+
+def test_rows_that_were_no_measurement_are_named_in_the_evidence() -> None:
+    """A run whose largest row printed busbw inf is judged on the rows that are measurements, and every
+    finding's evidence says which line was ignored and why."""
+    lines = _fixture("a100x8_nvswitch_allreduce.txt").splitlines()
+    tokens = lines[46].split()  # line 47, the 4 GiB row
+    tokens[7] = tokens[11] = "inf"
+    lines[46] = "  ".join(tokens)
+    result = parse_nccl("\n".join(lines) + "\n")
+    verdict, findings = check(result, expected_gbps=230.0)
+    assert result.largest_size == 2147483648 and result.peak_busbw_gbps == 230.13  # the 2 GiB row, by hand
+    assert verdict == "ok"
+    assert "ignored line 47: busbw is 'inf', not a measurement (a finite number ≥ 0)" in findings[0].evidence
