@@ -17,7 +17,9 @@ an incoming webhook under ``/services/...``. What makes it worth more than a moc
 * bodies are read as JSON, form-encoded or query parameters, as slack-sdk sends them
   (JSON for chat.*, a GET query for conversations.*, a POST query for auth.test);
 * faults are queued per method: an ``ok: false`` error, HTTP 429 with ``Retry-After``,
-  HTTP 5xx with an HTML body, or a hang (released when the server stops).
+  HTTP 5xx with an HTML body, a hang (released when the server stops), or a flood: a 200 JSON
+  reply streamed without end up to ``flood`` bytes (``flood_sent`` counts what got out before
+  the client hung up).
 
 Use :func:`running_fake_slack` (an async context manager) in a fixture::
 
@@ -89,6 +91,7 @@ class Fault:
     retry_after: float | None = None
     hang: bool = False
     body: str | None = None  # raw body instead of the default for the status
+    flood: int = 0  # stream a JSON reply of this many bytes (never finished as JSON)
 
 
 @dataclass
@@ -103,6 +106,7 @@ class FakeSlack:
     calls: list[SlackCall] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     base_url: str = ""
+    flood_sent: int = 0  # bytes of flood replies written before the client closed the connection
     _seq: int = 0
     _release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -116,10 +120,11 @@ class FakeSlack:
         return f"{self.base_url}{WEBHOOK_PATH}"
 
     def fail(self, method: str | None = None, *, error: str | None = None, status: int = 200,
-             retry_after: float | None = None, hang: bool = False, body: str | None = None, times: int = 1) -> None:
+             retry_after: float | None = None, hang: bool = False, body: str | None = None, times: int = 1,
+             flood: int = 0) -> None:
         """Queue ``times`` faults for ``method`` (``chat.postMessage``, ``webhook``, ... or None for any)."""
         for _ in range(times):
-            self.faults.append(Fault(method, status, error, retry_after, hang, body))
+            self.faults.append(Fault(method, status, error, retry_after, hang, body, flood))
 
     def calls_to(self, method: str) -> list[SlackCall]:
         return [c for c in self.calls if c.method == method]
@@ -151,6 +156,8 @@ class FakeSlack:
         params = await _read_params(request)
         self.calls.append(SlackCall(method, params, request.method))
         fault = await self._fault(method)
+        if fault is not None and fault.flood:
+            return await self._flood(request, fault.flood)
         if fault is not None:
             return _fault_response(fault, webhook=False)
         auth = request.headers.get("Authorization", "")
@@ -231,6 +238,8 @@ class FakeSlack:
             body = None
         self.calls.append(SlackCall("webhook", body if isinstance(body, dict) else {"raw": raw}))
         fault = await self._fault("webhook")
+        if fault is not None and fault.flood:
+            return await self._flood(request, fault.flood)
         if fault is not None:
             return _fault_response(fault, webhook=True)
         if not isinstance(body, dict):
@@ -244,6 +253,21 @@ class FakeSlack:
         return web.Response(text="ok", content_type="text/html")
 
     # --- helpers --------------------------------------------------------------------
+
+    async def _flood(self, request: web.Request, size: int) -> web.StreamResponse:
+        """A 200 JSON reply (``{"ok": true, "pad": "xxx...``) streamed in 64 KiB chunks up to ``size`` bytes,
+        counting in :attr:`flood_sent` what was written before the client went away."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        chunk = b"x" * 65536
+        try:
+            await resp.write(b'{"ok": true, "pad": "')
+            while self.flood_sent < size:
+                await resp.write(chunk)
+                self.flood_sent += len(chunk)
+        except (ConnectionError, RuntimeError):  # the client closed: what it read is bounded
+            pass
+        return resp
 
     async def _fault(self, method: str) -> Fault | None:
         for i, fault in enumerate(self.faults):

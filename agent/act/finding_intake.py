@@ -6,7 +6,8 @@ A node agent (``forward:``, :mod:`agent.act.sinks.forward`) posts one finding pe
      "finding": {<Finding.to_json()>}, "alert": {"labels": {...}, "startsAt": 1717...}}
 
 :func:`parse_forwarded` checks all of it (types, sizes, the finding's fields and no others, the
-severity scale) and raises :class:`ValueError` naming the first problem by its path
+severity scale, ``details`` at most 8 levels deep and 10,000 values, ``alert.startsAt`` a Unix time in
+milliseconds the agent can store) and raises :class:`ValueError` naming the first problem by its path
 (``finding.evidence[3]: ...``), which the HTTP layer answers with 400. Unlike the Alertmanager
 webhook, unknown keys are refused: both ends are this agent, so an unknown key is a version skew
 worth saying, not a newer sender to tolerate.
@@ -49,6 +50,10 @@ _MAX_LABELS = 64
 _MAX_VALUE = 1024  # characters of a label value
 _MAX_TEXT = 8192  # characters of a summary or an evidence line
 _MAX_EVIDENCE = 200
+#: ``details`` is free-form JSON: a diagnosis writes a few levels (per-GPU lists of numbers). Bounded so that
+#: what is stored, hashed and rendered later can never recurse too deep or grow without end (a 400 here).
+_DETAILS_DEPTH = 8
+_DETAILS_VALUES = 10_000
 _TOP = frozenset({"version", "key", "labels", "finding", "alert"})
 _ALERT = frozenset({"labels", "startsAt"})
 _STRINGS = {"kind": 128, "summary": _MAX_TEXT, "severity": 16, "setting": 256, "suggested_value": 256,
@@ -141,8 +146,10 @@ def parse_forwarded(data: Mapping[str, Any]) -> Forwarded:
         _known(alert, _ALERT, "alert")
         alert_labels = _labels(intake.json_field(alert, "labels", dict, "alert"), "alert.labels")
         if "startsAt" in alert:
-            intake.json_field(alert, "startsAt", int, "alert")
-    return Forwarded(key, _finding(intake.json_field(data, "finding", dict, "")), labels, alert_labels)
+            intake.check_time_ms(intake.json_field(alert, "startsAt", int, "alert"), "alert.startsAt")
+    finding = _finding(intake.json_field(data, "finding", dict, ""))
+    intake.check_nesting(data, "the body", max_depth=_DETAILS_DEPTH + 3)  # lone surrogates anywhere
+    return Forwarded(key, finding, labels, alert_labels)
 
 
 def _finding(raw: Mapping[str, Any]) -> Finding:
@@ -169,7 +176,9 @@ def _finding(raw: Mapping[str, Any]) -> Finding:
         if not isinstance(line, str) or len(line) > _MAX_TEXT:
             raise ValueError(f"finding.evidence[{i}]: must be a string of at most {_MAX_TEXT} characters")
     values["evidence"] = list(evidence)
-    values["details"] = dict(intake.json_field(raw, "details", dict, "finding")) if "details" in raw else {}
+    details = intake.json_field(raw, "details", dict, "finding") if "details" in raw else {}
+    intake.check_nesting(details, "finding.details", max_depth=_DETAILS_DEPTH, max_values=_DETAILS_VALUES)
+    values["details"] = dict(details)
     values["labels"] = _labels(raw.get("labels", {}), "finding.labels")
     return Finding(**values)
 

@@ -7,7 +7,11 @@
 ``annotations``, ``startsAt``, ``endsAt``, ``generatorURL`` and ``fingerprint``.
 :func:`parse_webhook` checks every one of those (type, presence, RFC 3339 times, the status
 values) and raises :class:`ValueError` naming the first problem by its path
-(``alerts[2].startsAt: ...``), which the HTTP layer answers with 400. Keys it does not know
+(``alerts[2].startsAt: ...``), which the HTTP layer answers with 400. Times must lie in what the
+agent can store and print back (after 1970, up to :data:`MAX_TIME_MS`, a day short of year 10000:
+``9999-12-31T23:59:59-01:00`` is year 10000 in UTC and would break every report that shows it), and
+the body may nest at most :data:`MAX_DEPTH` levels, even under keys that are ignored (checked without
+recursion, so a deep body is a 400, never a ``RecursionError`` further on). Keys it does not know
 (``notification_reason``, and whatever later Alertmanagers add) are ignored, so a newer
 Alertmanager is not refused; ``version`` must be ``"4"``, the format this reads.
 
@@ -28,7 +32,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from agent.act.dispatch import Evaluation
@@ -38,7 +42,8 @@ from agent.act.state.intake import InboxItem
 from agent.rules.manager import Alert, AlertEvent, AlertState
 from agent.series import labels_from
 
-__all__ = ["INTAKE_GROUP", "MAX_ALERTS", "Webhook", "evaluation", "parse_webhook", "snapshot"]
+__all__ = ["INTAKE_GROUP", "MAX_ALERTS", "MAX_DEPTH", "MAX_TIME_MS", "Webhook", "check_nesting", "check_time_ms",
+           "evaluation", "parse_webhook", "snapshot"]
 
 #: The rule-group name intake alerts carry in the act layer (events, logs).
 INTAKE_GROUP = "alertmanager-intake"
@@ -46,12 +51,19 @@ INTAKE_GROUP = "alertmanager-intake"
 MAX_ALERTS = 10_000
 MAX_LABELS = 256  # labels or annotations on one alert
 MAX_NAME = 1024  # characters of a label or annotation name
+#: The latest time taken from outside (Unix ms): 9999-12-30T23:59:59.999Z, a day short of the end of what
+#: Python's datetime (and Go's RFC 3339 encoder) can write, so windows a report adds around it still format.
+MAX_TIME_MS = int(datetime(9999, 12, 31, tzinfo=UTC).timestamp() * 1000) - 1
+#: Levels of objects and arrays in one webhook body (Alertmanager's own is 4 deep: body, alerts, alert, labels).
+MAX_DEPTH = 16
 _VERSION = "4"
 _STATUSES = ("firing", "resolved")
 # RFC 3339 as Go's time.Time marshals it (Alertmanager's encoding/json): 'T', up to 9 fraction digits, Z or ±hh:mm
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+_MAX_TIME_TEXT = "9999-12-30T23:59:59.999Z"
 _GO_ZERO = "0001-01-01T00:00:00Z"  # Go's zero time: Alertmanager's endsAt of a firing alert
 _FINGERPRINT = re.compile(r"[0-9A-Za-z]{1,64}")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # Python's re: RE2 reads UTF-8, which cannot hold a lone surrogate
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Webhook:
 
 def parse_webhook(data: Mapping[str, Any]) -> Webhook:
     """A version-4 webhook body (a JSON object) -> :class:`Webhook`; ``ValueError`` names what is wrong."""
+    check_nesting(data, "the body", max_depth=MAX_DEPTH)
     version = json_field(data, "version", str, "")
     if version != _VERSION:
         raise ValueError(f"version: expected {_VERSION!r} (Alertmanager's webhook format), not {version[:20]!r}")
@@ -143,6 +156,41 @@ def _strings(obj: dict[str, Any], path: str) -> dict[str, str]:
     return dict(obj)
 
 
+def check_nesting(value: Any, path: str, *, max_depth: int, max_values: int | None = None) -> None:
+    """ValueError naming ``path`` when a JSON value nests objects and arrays more than ``max_depth`` levels
+    deep, holds more than ``max_values`` values in all, or has a string (a key too) with a lone surrogate
+    (``"\\ud800"`` is valid JSON, but no UTF-8 encoder, SQLite or log line takes it). Iterative: no depth
+    can make it recurse."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    count = 0
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if max_values is not None and count > max_values:
+            raise ValueError(f"{path}: more than the {max_values} values taken")
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise ValueError(f"{path}: a string is not valid Unicode (a lone surrogate): {item[:40]!a}")
+            continue
+        if isinstance(item, dict):
+            stack.extend((key, depth) for key in item if isinstance(key, str) and _SURROGATE.search(key))
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise ValueError(f"{path}: nested more than the {max_depth} levels taken")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def check_time_ms(ms: int, path: str) -> int:
+    """``ms`` (Unix ms) if the agent can store and print it back (0 to :data:`MAX_TIME_MS`), else ValueError."""
+    if not 0 <= ms <= MAX_TIME_MS:
+        raise ValueError(f"{path}: {str(ms)[:30]} is not a Unix time in milliseconds from 1970 to year 9999")
+    return ms
+
+
 def _time(text: str, path: str) -> int:
     """An RFC 3339 time -> Unix milliseconds (0 for Go's zero time, which Alertmanager sends for "none")."""
     if text == _GO_ZERO:
@@ -156,7 +204,12 @@ def _time(text: str, path: str) -> int:
         when = datetime.fromisoformat(stamp)
     except ValueError as exc:  # 2024-13-45: the shape is right, the date is not
         raise ValueError(f"{path}: not a valid time: {text!r} ({exc})") from exc
-    ms = when.timestamp() * 1000
+    try:
+        ms = when.timestamp() * 1000
+    except (OverflowError, ValueError) as exc:  # an offset past year 1 or 9999 in UTC
+        raise ValueError(f"{path}: {text!r} is outside the years 1 to 9999 in UTC") from exc
+    if ms > MAX_TIME_MS:  # 9999-12-31T23:59:59-01:00 is year 10000 in UTC
+        raise ValueError(f"{path}: {text!r} is after {_MAX_TIME_TEXT}, the latest time the agent takes")
     return int(ms) if math.isfinite(ms) and ms > 0 else 0
 
 

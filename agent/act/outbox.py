@@ -6,9 +6,18 @@ queue, so one that is down delays nobody else; once its head is acknowledged the
 backlog follows at once. An item leaves the outbox only when its receiver acknowledged it.
 After the n-th failed attempt of an item the next waits ``cap/2 + rng × cap/2`` with
 ``cap = min(retry_max, retry_initial × 2^(n-1))`` (exponential, "equal jitter"), or the
-receiver's ``Retry-After`` when longer; a rejection (4xx) or a failure older than
-``notify.give_up_after`` moves the item to failed. Every outcome lands in the alerts'
+receiver's ``Retry-After`` when longer (capped at
+:data:`~agent.act.sinks.http.RETRY_AFTER_CAP_S`), but never past the item's give-up time, so its
+last attempt is made then; a rejection (4xx) or a failure at or past ``notify.give_up_after``
+moves the item to failed. Every outcome lands in the alerts'
 incidents (``notified`` / ``notify_failed``) and in :class:`DeliveryStats` for /metrics.
+
+A notification that cannot be rendered or encoded for its receiver (a sink raising
+``ValueError``, ``TypeError``, ``OverflowError`` or ``RecursionError``, or
+:class:`~agent.errors.RenderError`; an outbox row that no longer decodes) fails the same way
+on every attempt: it is failed at once, logged and counted (``unrenderable``), and the queue
+goes on with the next item instead of retrying the head until ``give_up_after``. Other
+unexpected exceptions from a sink stay retryable (a bug that may not repeat).
 
 In an HA pair (:mod:`agent.act.leadership`) the queues of direct receivers are delivered only
 while this replica leads, checked before each send; a follower's held items at or below the
@@ -31,9 +40,10 @@ from agent.act.notification import Notification
 from agent.act.queues import QueueName
 from agent.act.scaling import Scaler
 from agent.act.sinks import Sink
+from agent.act.sinks.http import RETRY_AFTER_CAP_S
 from agent.act.state import OutboxItem, StateDB
 from agent.config import NotifyConfig
-from agent.errors import DeliveryError
+from agent.errors import DeliveryError, RenderError
 
 __all__ = ["DeliveryStats", "OutboxDelivery"]
 
@@ -41,6 +51,8 @@ log = structlog.get_logger(__name__)
 
 #: Added to a sink's own ``deadline_s`` before the outbox cancels a send (a retryable failure).
 SEND_GRACE_S = 1.0
+#: What a sink raises when the payload itself cannot be rendered or encoded: failing again cannot help.
+_RENDER_ERRORS = (ValueError, TypeError, OverflowError, RecursionError)
 
 
 @dataclass
@@ -51,6 +63,7 @@ class DeliveryStats:
     failed: dict[str, int] = field(default_factory=dict)
     retried: dict[str, int] = field(default_factory=dict)
     settled: dict[str, int] = field(default_factory=dict)  # HA: held items the leader delivered
+    unrenderable: dict[str, int] = field(default_factory=dict)  # failed at once: could not be rendered (in failed)
 
     def bump(self, which: dict[str, int], receiver: str) -> None:
         which[receiver] = which.get(receiver, 0) + 1
@@ -103,7 +116,8 @@ class OutboxDelivery:
 
     async def _run_queue(self, item: OutboxItem | None) -> None:
         """Deliver one receiver's queue in order while its head is due and acknowledged, so a
-        backlog left by an outage goes out in one go; stop at the first failure (its backoff)."""
+        backlog left by an outage goes out in one go; stop at the first failure (its backoff), except one that
+        cannot be rendered: it is failed for good and the next item goes at once."""
         while item is not None:
             if self._held(item):  # checked before every send: a lost lease stops the rest of a backlog
                 return
@@ -154,7 +168,8 @@ class OutboxDelivery:
             await asyncio.wait(tasks, timeout=timeout_s)
 
     async def _deliver(self, item: OutboxItem) -> bool:
-        """One attempt at one item; True if the receiver acknowledged it."""
+        """One attempt at one item; True when the queue may go on with its next item: the receiver
+        acknowledged it, or it failed for good because it cannot be rendered (it must hold back nothing)."""
         now_ms = int(self._clock() * 1000)
         bound = log.bind(receiver=item.receiver, key=item.key, attempt=item.attempts + 1)
         sink = self.sinks.get(item.receiver)
@@ -163,14 +178,27 @@ class OutboxDelivery:
             self.stats.bump(self.stats.failed, item.receiver)
             bound.warning("notification dropped: receiver no longer configured")
             return False
-        n = item.notification()
+        try:
+            n = item.notification()
+        except (ValueError, TypeError, KeyError) as exc:  # a row that no longer decodes: it never will
+            error = f"the notification cannot be rendered: its stored payload does not decode ({exc!r:.200})"
+            await self._db.run(self._db.outbox.fail, item.id, error=error, now_ms=now_ms)
+            self.stats.bump(self.stats.failed, item.receiver)
+            self.stats.bump(self.stats.unrenderable, item.receiver)
+            bound.error("notification failed for good", error=error, reason="cannot be rendered")
+            return True  # the queue goes on with the next item
         wait_ms = self._backoff_ms(item.attempts)  # set before sending: a crash mid-send retries then too
         await self._db.run(self._db.outbox.begin_attempt, item.id, next_attempt_ms=now_ms + wait_ms)
         try:
             reply = await asyncio.wait_for(sink.send(n, attempt=item.attempts), timeout=sink.deadline_s + SEND_GRACE_S)
         except (DeliveryError, TimeoutError) as exc:
             await self._failed(item, n, exc, bound, wait_ms)
-            return False
+            return isinstance(exc, RenderError)  # the queue goes on with the next item
+        except _RENDER_ERRORS as exc:
+            bound.exception("sink could not render the notification")
+            await self._failed(item, n, RenderError(f"the notification cannot be rendered for {item.receiver}: "
+                                                    f"{type(exc).__name__}: {exc}"), bound, wait_ms)
+            return True
         except Exception as exc:  # a sink bug must not kill the dispatcher; treat as retryable
             bound.exception("sink raised an unexpected error")
             await self._failed(item, n, DeliveryError(f"unexpected {type(exc).__name__}: {exc}"), bound, wait_ms)
@@ -204,18 +232,23 @@ class OutboxDelivery:
     async def _failed(self, item: OutboxItem, n: Notification, exc: Exception, bound: Any, wait_ms: int) -> None:
         now_ms = int(self._clock() * 1000)
         permanent = isinstance(exc, DeliveryError) and exc.permanent
-        too_old = now_ms - item.created_ms > self._notify.give_up_after * 1000
+        give_up_ms = item.created_ms + int(self._notify.give_up_after * 1000)
+        too_old = now_ms >= give_up_ms
         error = str(exc) or type(exc).__name__
         if permanent or too_old:
             await self._db.run(self._given_up, item, n, error, now_ms)
             self.stats.bump(self.stats.failed, item.receiver)
-            bound.error("notification failed for good", error=error,
-                        reason="rejected by receiver" if permanent else "gave up after notify.give_up_after")
+            reason = "rejected by receiver" if permanent else "gave up after notify.give_up_after"
+            if isinstance(exc, RenderError):
+                self.stats.bump(self.stats.unrenderable, item.receiver)
+                reason = "cannot be rendered"
+            bound.error("notification failed for good", error=error, reason=reason)
             return
         delay = wait_ms
         hint = exc.retry_after_s if isinstance(exc, DeliveryError) else None
-        if hint is not None:
-            delay = max(delay, int(hint * 1000))
+        if hint is not None:  # parsed within RETRY_AFTER_CAP_S already; capped again for any other source
+            delay = max(delay, int(min(hint, RETRY_AFTER_CAP_S) * 1000))
+        delay = min(delay, give_up_ms - now_ms)  # the last attempt at the give-up time, never a wait past it
         await self._db.run(self._db.outbox.retry, item.id, next_attempt_ms=now_ms + delay, error=error)
         self.stats.bump(self.stats.retried, item.receiver)
         bound.warning("notification not delivered; will retry", error=error, retry_in_s=round(delay / 1000, 1))

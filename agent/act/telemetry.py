@@ -82,6 +82,10 @@ class ActCollector(Collector):
                                      labels=lbl)
         retried = CounterMetricFamily("sre_agent_notifications_retried", "Delivery attempts that will be retried.",
                                       labels=lbl)
+        unrenderable = CounterMetricFamily(
+            "sre_agent_notifications_unrenderable",
+            "Notifications failed at once because they could not be rendered or encoded (also in _failed).",
+            labels=lbl)
         depth = GaugeMetricFamily("sre_agent_outbox_depth", "Notifications waiting in the outbox.", labels=lbl)
         d = self._act.dispatcher
         views = self._act.views
@@ -92,6 +96,7 @@ class ActCollector(Collector):
                 sent.add_metric([q], d.stats.sent.get(q, 0))
                 failed.add_metric([q], d.stats.failed.get(q, 0))
                 retried.add_metric([q], d.stats.retried.get(q, 0))
+                unrenderable.add_metric([q], d.stats.unrenderable.get(q, 0))
             depth.add_metric([q], outbox.get(q, 0))
         desired = GaugeMetricFamily("sre_agent_desired_replicas",
                                     "Replicas the agent wants per service (for an HPA via prometheus-adapter or KEDA).",
@@ -113,7 +118,7 @@ class ActCollector(Collector):
         held = GaugeMetricFamily("sre_agent_state_held_work",
                                  "Evaluations and findings held in memory until the state database takes them.")
         held.add_metric([], h.held)
-        yield from (sent, failed, retried, depth, desired, actions, silences, failures, held)
+        yield from (sent, failed, retried, unrenderable, depth, desired, actions, silences, failures, held)
         yield from self._intake()
 
     def _intake(self) -> Iterator[Metric]:

@@ -23,6 +23,12 @@ Secrets are masked at the last line, for both formats and every logger:
 
 A secret of no known shape, logged as text under an innocent key, is not caught:
 config secrets are :class:`pydantic.SecretStr` and print as ``**********`` anyway.
+
+Logged values come from outside (an alertname from the unauthenticated intake): the console
+format escapes control characters in every text field and key (:func:`agent.textsafe.escape`),
+so a newline, ``\r``, an ANSI escape or U+2028 in one cannot forge a line (CWE-117); nested
+values are shown with ``repr``, which escapes them itself. The JSON format needs nothing: JSON
+escapes control characters, and U+2028/U+2029 too (``ensure_ascii``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import Any, TextIO
 
 import structlog
 from structlog.typing import Processor
+
+from agent.textsafe import escape
 
 __all__ = ["MASK", "SECRET_KEY_HINTS", "SECRET_PATTERNS", "configure_logging", "mask_text"]
 
@@ -78,6 +86,12 @@ def _mask_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+def _escape_text(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The console format's line-forging guard: text fields and keys escaped (see the module docstring)."""
+    return {escape(k) if isinstance(k, str) else k: escape(v) if isinstance(v, str) else v
+            for k, v in event.items()}
+
+
 class _MaskingFormatter(structlog.stdlib.ProcessorFormatter):
     """structlog's formatter, with :func:`mask_text` over the finished line (tracebacks included)."""
 
@@ -100,7 +114,7 @@ def configure_logging(fmt: str = "console", level: str = "info", stream: TextIO 
     rendering: list[Processor] = (
         [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
         if fmt == "json"
-        else [structlog.dev.ConsoleRenderer(colors=out.isatty())]  # renders exc_info itself
+        else [_escape_text, structlog.dev.ConsoleRenderer(colors=out.isatty())]  # renders exc_info itself
     )
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],

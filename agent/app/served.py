@@ -10,6 +10,11 @@ a KV-saturation or scale-out alert fires the daemon asks each named replica once
 replica's ``max_model_len`` changes only when it restarts). A replica that does not answer
 (LMDeploy, a metrics-only port, an older vLLM) gives ``None`` and the advice leaves the
 full-length figures out, as before.
+
+The replica is a scrape target, not a trusted peer: its answer is read up to :data:`MAX_ANSWER_BYTES`
+(a models list is a few hundred bytes; a reply of hundreds of MB is cut, not held), and a length that
+is not a positive integer (``1e400``, ``NaN``, ``true``, a string, nesting deep enough to exhaust
+the JSON parser's recursion) counts as no answer.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import aiohttp
 import structlog
 
 from agent.diagnose.plan.fleet import ReplicaCapacity
+from agent.promql.remote import read_capped
 
 __all__ = ["CACHE_S", "TIMEOUT_S", "ServedLengths", "models_url", "served_lengths", "with_served_length"]
 
 log = structlog.get_logger(__name__)
 
 TIMEOUT_S = 2.0  # the alert's finding should not wait long for an optional figure
+MAX_ANSWER_BYTES = 1 << 20  # a /v1/models answer is a few hundred bytes per served model
 CACHE_S = 600.0  # answers (and failures) are remembered this long per instance
 
 Fetch = Callable[[str], Awaitable[bytes]]
@@ -43,7 +50,10 @@ async def _fetch(url: str) -> bytes:
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
         resp.raise_for_status()
-        return await resp.read()
+        raw = await read_capped(resp.content, MAX_ANSWER_BYTES + 1)
+    if len(raw) > MAX_ANSWER_BYTES:
+        raise ValueError(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+    return raw
 
 
 class ServedLengths:
@@ -69,12 +79,22 @@ class ServedLengths:
         try:
             cards = json.loads(await self._fetch(url))["data"]
             card = next((c for c in cards if c.get("id") == model), cards[0]) if cards else {}
-            value = int(card["max_model_len"]) if card.get("max_model_len") else None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            value = _length(card.get("max_model_len"))
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError, AttributeError,
+                IndexError, RecursionError) as exc:
             log.info("no max_model_len from the replica; capacity advice without full-length sequences",
                      url=url, error=str(exc) or type(exc).__name__)
         self._cache[instance] = (now, value)
         return value
+
+
+def _length(raw: object) -> int | None:
+    """A served ``max_model_len``: a positive integer (JSON's ``8192``, not ``8192.5``, ``true`` or ``"8192"``)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise ValueError(f"max_model_len is not a positive integer: {str(raw)[:40]!r}")
+    return raw
 
 
 async def served_lengths(served: ServedLengths, replicas: Iterable[ReplicaCapacity]) -> dict[str, tuple[int, str]]:

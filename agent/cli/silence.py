@@ -22,8 +22,10 @@ from typing import Any
 from agent.act.state import Incident, IncidentEvent, StateDB
 from agent.act.state.history import MAX_SILENCE_MS
 from agent.app.logs import configure_logging
+from agent.cli.argtypes import integer
 from agent.cli.exitcodes import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 from agent.config import format_duration, load_config, parse_duration
+from agent.textsafe import escape
 
 __all__ = ["add_parsers", "format_event", "utc"]
 
@@ -96,7 +98,7 @@ def add_parsers(sub: Any) -> None:
 
     inc = sub.add_parser("incidents", help="show recent incidents and what the agent did about them",
                          description=_INCIDENTS_HELP, formatter_class=raw)
-    inc.add_argument("--limit", "-n", type=int, default=20, help="how many (default %(default)s)")
+    inc.add_argument("--limit", "-n", type=integer(1), default=20, help="how many (default %(default)s)")
     inc.add_argument("--open", action="store_true", help="only incidents still firing")
     inc.add_argument("--json", action="store_true", help="print the incidents as JSON")
     _db_flags(inc)
@@ -128,6 +130,9 @@ def utc(ms: int) -> str:
 
 
 def _table(header: Sequence[str], rows: list[list[str]]) -> list[str]:
+    """Aligned columns; every cell escaped (:func:`agent.textsafe.escape`): an alertname or a comment from
+    outside cannot add a row or drive the terminal."""
+    rows = [[escape(str(c)) for c in r] for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
 
@@ -222,7 +227,7 @@ def _incidents(args: argparse.Namespace, *, clock: Clock = time.time) -> int:
     for line, inc in zip(lines[1:], incidents, strict=True):
         print(line)
         for e in inc.events:
-            print(f"    {utc(e.at_ms)}  {format_event(e)}")
+            print(f"    {utc(e.at_ms)}  {escape(format_event(e))}")
     return EXIT_OK
 
 

@@ -38,7 +38,7 @@ from agent.series import labels_from
 from agent.simulate.server import Fleet, FleetConfig
 from tests.alertmanager import Alertmanager, eventually
 from tests.fake_slack import running_fake_slack
-from tests.receivers import Recorded, RecordingServer
+from tests.receivers import Recorded, RecordingServer, reply
 from tests.statefiles import full_disk
 
 T0 = 1_700_000_000.0  # the fake clock's start (Unix seconds)
@@ -417,7 +417,8 @@ async def test_rejected_notification_fails_at_once(db: StateDB, session: aiohttp
 
 
 async def test_gives_up_after_give_up_after(db: StateDB, session: aiohttp.ClientSession, hooks: HookFactory) -> None:
-    """A retryable failure older than notify.give_up_after ends in failed at its next failed attempt."""
+    """A retryable failure is retried until notify.give_up_after; the last attempt is made at the give-up time
+    (not a backoff past it) and its failure ends the item in failed."""
     t = [T0]
     hook = await hooks(t)
     hook.status = 503
@@ -425,8 +426,9 @@ async def test_gives_up_after_give_up_after(db: StateDB, session: aiohttp.Client
                       notify={"retry_initial": "2s", "retry_max": "60s", "give_up_after": "60s"})
     rig = Rig(cfg, db, session, t, specs=[spec("Q", 0)])
     await rig.run(200)
-    # Queued at 10; attempts 10, 11.5, 14.5, 20.5, 32.5, 56.5 (age < 60 s: retried), 101.5 (age 91.5 s: failed).
-    assert [p.at for p in hook.posts()] == [10, 11.5, 14.5, 20.5, 32.5, 56.5, 101.5]
+    # Queued at 10; attempts 10, 11.5, 14.5, 20.5, 32.5, 56.5 (age < 60 s: retried; the 45 s backoff cut to
+    # the give-up time), 70 (age 60 s: failed).
+    assert [p.at for p in hook.posts()] == [10, 11.5, 14.5, 20.5, 32.5, 56.5, 70]
     assert [f["attempts"] for f in db.outbox.failed()] == [7]
     assert rig.d.stats.retried == {"hook": 6} and rig.d.stats.failed == {"hook": 1}
 
@@ -663,3 +665,68 @@ async def test_item_for_a_receiver_no_longer_configured_fails(db: StateDB,
     await rig.run(5)
     assert [(f["receiver"], f["key"]) for f in db.outbox.failed()] == [("gone", "old:1")]
     assert rig.d.stats.failed == {"gone": 1} and db.outbox.depth() == {}
+
+
+# -- 11. a notification that cannot be rendered -----------------------------------------------------------------
+UNRENDERABLE = [
+    pytest.param("webhook", {"starts_at_ms": 253_402_304_399_000}, id="startsAt year 10000"),
+    pytest.param("webhook", {"starts_at_ms": 2**63 + 1}, id="startsAt past 2**63 ms"),
+    pytest.param("webhook", {"status": "resolved", "ends_at_ms": 10**20}, id="endsAt far past year 9999"),
+    pytest.param("webhook", {"annotations": {"summary": "x\ud800y"}}, id="a lone surrogate in an annotation"),
+    pytest.param("alertmanager", {"annotations": {"d": "\udfff"}}, id="a lone surrogate, Alertmanager"),
+    pytest.param("alertmanager", {"labels": {"alertname": "Bad", "x": float("nan")}}, id="NaN-ish label value"),
+]
+
+
+@pytest.mark.parametrize(("receiver", "change"), UNRENDERABLE)
+async def test_a_notification_that_cannot_be_rendered_fails_at_once_and_the_next_goes(
+        db: StateDB, session: aiohttp.ClientSession, hooks: HookFactory, receiver: str,
+        change: dict[str, Any]) -> None:
+    """An item whose payload cannot be rendered or encoded (a time past year 9999 queued before the intake
+    refused them, text no encoder takes) fails permanently at its first attempt, counted and logged, and the
+    notification queued behind it is delivered in the same round instead of waiting behind retries."""
+    t = [T0]
+    hook = await hooks(t)
+    config: dict[str, Any] = webhook(hook.url()) if receiver == "webhook" else {
+        "alertmanager": {"urls": [hook.url().removesuffix("/hook")]}}
+    cfg = make_config({"r": config}, {"receiver": "r", **FAST})
+    rig = Rig(cfg, db, session, t)
+    queue = "r" if receiver == "webhook" else "r[0]"
+    good = AlertSnapshot(labels={"alertname": "Good"}, annotations={}, status="firing", starts_at_ms=ms(T0))
+    bad = AlertSnapshot(**{"labels": {"alertname": "Bad"}, "annotations": {}, "status": "firing",
+                           "starts_at_ms": ms(T0), **change})
+    for i, alert in enumerate((bad, good)):
+        db.outbox.enqueue(Notification(key=f"k{i}", receiver=queue, kind="alerts", created_ms=ms(T0),  # type: ignore[arg-type]
+                                       status=alert.status, alerts=(alert,)), now_ms=ms(T0))
+    await rig.d.deliver_due(ms(T0))
+    await rig.d.drain()
+    sent = [p.json()["alerts"] if receiver == "webhook" else p.json() for p in hook.posts()]
+    assert [alerts[0]["labels"]["alertname"] for alerts in sent] == ["Good"]
+    [failed] = db.outbox.failed()
+    assert failed["attempts"] == 1 and "cannot be rendered" in failed["error"]
+    assert rig.d.stats.failed == {queue: 1} and rig.d.stats.unrenderable == {queue: 1}
+    assert rig.d.stats.retried == {} and db.outbox.depth() == {}
+
+
+# -- 12. Retry-After from a receiver that asks for too much -----------------------------------------------------
+HUGE_RETRY_AFTER = [(429, str(10**10)), (503, "Fri, 31 Dec 9999 23:59:59 GMT"), (429, "9" * 25), (503, "1e308"),
+                    (429, "9" * 400)]
+
+
+@pytest.mark.parametrize("status, retry_after", HUGE_RETRY_AFTER, ids=[f"{s}-{r[:12]}" for s, r in HUGE_RETRY_AFTER])
+async def test_a_huge_retry_after_is_capped_and_give_up_after_still_ends_it(
+        db: StateDB, session: aiohttp.ClientSession, hooks: HookFactory, status: int, retry_after: str) -> None:
+    """A receiver asking to come back in decades is retried within the cap (300 s), and notify.give_up_after
+    (here 10 min) ends the notification on time: its last attempt is at the give-up time, not a wait later."""
+    t = [T0]
+    hook = await hooks(t)
+    hook.responder = reply(status, text="busy", headers={"Retry-After": retry_after})
+    cfg = make_config({"hook": webhook(hook.url())}, {"receiver": "hook", "group_wait": "10s"},
+                      notify={"retry_initial": "2s", "retry_max": "60s", "give_up_after": "10m"})
+    rig = Rig(cfg, db, session, t, specs=[spec("Q", 0)])
+    await rig.run(1200, step=5)
+    # Queued at 10 s: attempts at 10, 310 (the cap), 610 (the give-up time, 600 s after it was queued).
+    assert [p.at for p in hook.posts()] == [10, 310, 610]
+    [failed] = db.outbox.failed()
+    assert failed["attempts"] == 3
+    assert rig.d.stats.retried == {"hook": 2} and rig.d.stats.failed == {"hook": 1}

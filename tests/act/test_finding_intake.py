@@ -116,3 +116,47 @@ def test_no_shared_identity_is_no_match() -> None:
     """An alert with none of the finding's identity labels is not its alert (no join on alertname alone)."""
     f = parse_forwarded(_body(alert={"labels": {"alertname": "X"}}))
     assert match(f, [_alert("X", instance="10.0.0.1:8000")]) is None
+
+
+def _nested(depth: int, leaf: Any = 1) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"a": value} if _ % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [20, 100, 500, 900])
+def test_deeply_nested_details_are_refused_naming_the_field(depth: int) -> None:
+    """``details`` nested past the limit is a ValueError naming ``finding.details`` (the HTTP layer's 400),
+    never a RecursionError further on (a 500 the node agent would retry until it gives up)."""
+    with pytest.raises(ValueError, match=r"finding\.details: nested"):
+        parse_forwarded(_body(finding={**FINDING.to_json(), "details": {"x": _nested(depth)}}))
+
+
+def test_details_with_too_many_values_are_refused() -> None:
+    """A flat but huge ``details`` is refused by its number of values, naming the field."""
+    with pytest.raises(ValueError, match=r"finding\.details: .* values"):
+        parse_forwarded(_body(finding={**FINDING.to_json(), "details": {"x": list(range(20_000))}}))
+
+
+def test_nested_details_within_the_limit_are_kept() -> None:
+    """A few levels of structure (what diagnoses write) are taken as they are."""
+    details = {"gpus": [{"index": 0, "used": [1, 2, {"x": None}]}]}
+    assert parse_forwarded(_body(finding={**FINDING.to_json(), "details": details})).finding.details == details
+
+
+@pytest.mark.parametrize("starts", [-1, 2**63, 2**64 + 5, 10**30, 253_402_300_800_000])
+def test_an_alert_start_outside_the_representable_range_is_refused(starts: int) -> None:
+    """``alert.startsAt`` (Unix ms) past what the agent can store and format, or negative, is refused."""
+    with pytest.raises(ValueError, match=r"alert\.startsAt"):
+        parse_forwarded(_body(alert={"labels": {"alertname": "X"}, "startsAt": starts}))
+
+
+@pytest.mark.parametrize("change", [{"labels": {"node": "a\ud800"}}, {"key": "k", "finding": {**FINDING.to_json(),
+                                    "summary": "x\udfff"}},
+                                    {"finding": {**FINDING.to_json(), "details": {"k\ud800": 1}}},
+                                    {"finding": {**FINDING.to_json(), "evidence": ["\udc00"]}}])
+def test_a_lone_surrogate_anywhere_is_refused(change: dict[str, Any]) -> None:
+    """A string JSON can carry but UTF-8 cannot (a lone surrogate), in any field or key, is a ValueError."""
+    with pytest.raises(ValueError, match="lone surrogate"):
+        parse_forwarded(_body(**change))

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent.act.intake import INTAKE_GROUP, MAX_ALERTS, evaluation, parse_webhook
-from agent.act.state import IntakeAlert, StateDB
+from agent.act.intake import INTAKE_GROUP, MAX_ALERTS, MAX_TIME_MS, evaluation, parse_webhook
+from agent.act.sinks.webhook import format_go_time
+from agent.act.state import IntakeAlert, StateDB, iso_ms
 from agent.act.state.intake import InboxItem, is_news
 from agent.rules.manager import AlertState
 
@@ -212,3 +213,62 @@ def test_a_real_payload_round_trips_through_json() -> None:
     before = copy.deepcopy(body)
     assert len(parse_webhook(body).alerts) == 2
     assert body == before
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    """An object nested ``depth`` levels deep."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+OUT_OF_RANGE = [
+    ("year 10000 via an offset", "alerts.0.startsAt", "9999-12-31T23:59:59-01:00", "alerts[0].startsAt"),
+    ("year 10000 via an offset, fraction", "alerts.0.startsAt", "9999-12-31T23:30:00.999999999-00:59",
+     "alerts[0].startsAt"),
+    ("endsAt year 10000", "alerts.0.endsAt", "9999-12-31T23:59:59-01:00", "alerts[0].endsAt"),
+    ("startsAt year 0000", "alerts.0.startsAt", "0000-01-01T00:00:00Z", "alerts[0].startsAt"),
+    ("endsAt year 0000", "alerts.0.endsAt", "0000-12-31T23:59:59Z", "alerts[0].endsAt"),
+    ("startsAt -infinity", "alerts.0.startsAt", "-infinity", "alerts[0].startsAt"),
+    ("endsAt infinity", "alerts.0.endsAt", "infinity", "alerts[0].endsAt"),
+    ("startsAt NaN", "alerts.0.startsAt", "NaN", "alerts[0].startsAt"),
+    ("startsAt huge fraction", "alerts.0.startsAt", "2025-06-15T15:00:00." + "9" * 40 + "Z", "alerts[0].startsAt"),
+    ("startsAt 5-digit year", "alerts.0.startsAt", "10000-01-01T00:00:00Z", "alerts[0].startsAt"),
+    ("endsAt past 2**63 ms", "alerts.0.endsAt", "292278994-08-17T07:12:55.807Z", "alerts[0].endsAt"),
+]
+
+
+@pytest.mark.parametrize("what, path, text, word", OUT_OF_RANGE, ids=[o[0] for o in OUT_OF_RANGE])
+def test_a_time_outside_the_representable_range_is_refused_naming_the_field(what: str, path: str, text: str,
+                                                                              word: str) -> None:
+    """A startsAt or endsAt the agent could not format back (year 10000 in UTC, year 0, infinities, NaN,
+    runaway fractions) is a ValueError naming the field, never an alert stored to break every report."""
+    body = _set(path, text)
+    body["alerts"][0]["status"] = "resolved" if "endsAt" in path else "firing"
+    with pytest.raises(ValueError) as err:
+        parse_webhook(body)
+    assert str(err.value).startswith(word)
+
+
+def test_the_last_representable_time_is_taken_and_formats_back() -> None:
+    """The latest time taken still formats as RFC 3339 with a day to spare (reports add windows around it)."""
+    hook = parse_webhook(webhook(alert(starts=iso_ms(MAX_TIME_MS))))
+    assert hook.alerts[0].starts_ms == MAX_TIME_MS
+    assert format_go_time(MAX_TIME_MS + 86_400_000).startswith("9999-")
+
+
+@pytest.mark.parametrize("where", ["somethingNew", "groupLabels", "alerts.0.annotations", "alerts.0.extra"])
+@pytest.mark.parametrize("depth", [40, 500, 900])
+def test_a_deeply_nested_webhook_is_refused_naming_the_depth(where: str, depth: int) -> None:
+    """Nesting past a webhook's own few levels (anywhere, even under keys that are ignored) is a ValueError."""
+    with pytest.raises(ValueError, match="nested"):
+        parse_webhook(_set(where, _nested(depth)))
+
+
+@pytest.mark.parametrize("where", ["receiver", "alerts.0.labels.instance", "alerts.0.annotations.summary",
+                                   "groupKey", "alerts.0.generatorURL"])
+def test_a_lone_surrogate_anywhere_is_refused(where: str) -> None:
+    """A string JSON can carry but UTF-8 cannot (a lone surrogate) is a ValueError, never stored or logged."""
+    with pytest.raises(ValueError, match="lone surrogate"):
+        parse_webhook(_set(where, "x\ud800y"))

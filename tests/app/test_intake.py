@@ -333,3 +333,42 @@ async def test_a_webhook_accepted_before_a_kill_is_processed_once_after_the_rest
     assert len(await notified()) == 1
     [incident] = await agent.incidents()
     assert [e["kind"] for e in incident["events"]].count("fired") == 1
+
+
+HOSTILE_TIMES = [("startsAt", "9999-12-31T23:59:59-01:00"), ("startsAt", "0000-01-01T00:00:00Z"),
+                 ("startsAt", "-infinity"), ("endsAt", "9999-12-31T23:30:00.5-00:59"), ("startsAt", "NaN"),
+                 ("startsAt", "2025-06-15T15:00:00." + "9" * 60 + "Z"), ("endsAt", "+292278994-08-17T07:12:55Z")]
+
+
+async def test_hostile_times_and_nesting_are_400s_naming_the_field_and_the_agent_keeps_answering(
+        tmp_path: Path) -> None:
+    """Out-of-range times (year 10000 via an offset, year 0, infinities, NaN, runaway fractions, past 2**63 ms)
+    and deep nesting in either intake are 400s naming the field; nothing is stored, and /incidents still answers."""
+    agent = Agent(_config(tmp_path))
+    await agent.start()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    base = f"http://127.0.0.1:{agent.port}"
+    deep: Any = 1
+    for _ in range(600):
+        deep = {"a": deep}
+    finding = {"kind": "x", "summary": "s"}
+    posts: list[tuple[str, dict[str, Any], str]] = [
+        (PATH, _webhook_body(alerts=[{**_webhook_body()["alerts"][0], field: text,
+                                      "status": "resolved" if field == "endsAt" else "firing"}]),
+         f"alerts[0].{field}") for field, text in HOSTILE_TIMES]
+    posts += [(PATH, _webhook_body(extra=deep), "nested"),
+              ("/api/v1/findings", {"version": "1", "key": "k1", "finding": {**finding, "details": deep}},
+               "finding.details"),
+              ("/api/v1/findings", {"version": "1", "key": "k2", "finding": finding,
+                                    "alert": {"labels": {"alertname": "X"}, "startsAt": 2**63 + 1}}, "alert.startsAt")]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path, body, word in posts:
+                async with http.post(base + path, json=body, headers=auth) as r:
+                    assert r.status == 400, (word, await r.text())
+                    assert (await r.json())["error"].startswith(word) or word in (await r.json())["error"]
+            async with http.get(base + "/api/v1/incidents", headers=auth) as r:
+                assert r.status == 200
+                assert (await r.json())["data"]["incidents"] == []
+    finally:
+        await agent.stop()

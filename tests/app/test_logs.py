@@ -171,3 +171,23 @@ def test_secrets_are_masked_for_every_logger(fmt: str) -> None:
 def test_mask_text_covers_the_documented_shapes(raw: str, masked: str) -> None:
     """mask_text masks each documented secret shape, keeping its prefix, and leaves ordinary text alone."""
     assert mask_text(raw) == masked
+
+
+FORGERS = ["\n", "\r", "\x1b[2J", "\x00", "\u2028", "\u2029", "\x85", "\u202e"]
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+@pytest.mark.parametrize("bad", FORGERS, ids=[ascii(b) for b in FORGERS])
+def test_control_characters_in_logged_values_cannot_forge_a_line(fmt: str, bad: str) -> None:
+    """An alertname with a control character, logged by structlog or a stdlib logger, stays on its one line
+    in either format, and no raw control character reaches the stream."""
+    out = io.StringIO()
+    configure_logging(fmt, "info", stream=out)
+    name = f"Evil{bad}2026-01-01 [info] forged"
+    structlog.get_logger("agent.act.intake").info(f"processed{bad}", alertname=name, labels={"a": name})
+    logging.getLogger("aiohttp.server").warning("bad request: %s", name)
+    text = out.getvalue()
+    assert text.count("\n") == 2, text
+    assert not any(c in text.replace("\n", "") for c in "\r\x1b\x00\u2028\u2029\x85\u202e")
+    if fmt == "json":
+        assert _json_lines(out)[0]["alertname"] == name  # JSON keeps the value exact, only encoded

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 
 import pytest
+from aiohttp import web
 
 from agent.act.notification import AlertSnapshot
-from agent.app.served import ServedLengths, models_url
+from agent.app.served import MAX_ANSWER_BYTES, ServedLengths, models_url
 from agent.app.triggers import Diagnostics
 from agent.config import Config
 from agent.diagnose.findings import Finding
@@ -75,3 +76,54 @@ async def test_replica_that_does_not_answer_leaves_the_length_out() -> None:
     f, _ = await _advice(lambda instance: f"http://127.0.0.1:{port}/v1/models")
     assert f.kind == "kv-cache-capacity" and f.details["max_model_len"] is None
     assert not any("full-length" in line for line in f.evidence)
+
+
+HOSTILE_ANSWERS = {
+    "huge": None,  # streamed: 64 MiB of a models list that never closes
+    "overflow": b'{"data": [{"id": "m", "max_model_len": 1e400}]}',
+    "nan": b'{"data": [{"id": "m", "max_model_len": NaN}]}',
+    "bool": b'{"data": [{"id": "m", "max_model_len": true}]}',
+    "string": b'{"data": [{"id": "m", "max_model_len": "8192"}]}',
+    "negative": b'{"data": [{"id": "m", "max_model_len": -8192}]}',
+    "fraction": b'{"data": [{"id": "m", "max_model_len": 8192.5}]}',
+    "deep": b'{"data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "not-a-list": b'{"data": {"id": "m"}}',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ANSWERS))
+async def test_a_hostile_models_answer_is_no_answer(kind: str) -> None:
+    """A replica's /v1/models answer that is huge, deeply nested or holds a length that is not a positive
+    integer gives None (advice without full-length figures), never an exception; a huge one is cut at the
+    cap, not read whole."""
+    sent = [0]
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        body = HOSTILE_ANSWERS[kind]
+        if body is not None:
+            return web.Response(body=body, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        chunk = b'{"data": [' + b" " * (1 << 20)
+        try:
+            for _ in range(64):
+                await resp.write(chunk)
+                sent[0] += len(chunk)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        served = ServedLengths(url=lambda instance: f"http://127.0.0.1:{port}/v1/models", clock=lambda: T0)
+        assert await served.max_model_len("gpu-node-1:8000", "m") is None
+    finally:
+        await runner.cleanup()
+    if kind == "huge":
+        assert sent[0] < 64 * (1 << 20), sent  # the reader stopped before the replica finished
+        assert sent[0] >= MAX_ANSWER_BYTES // 2

@@ -235,3 +235,28 @@ def test_silence_add_absurd_durations_exit_2_without_traceback(tmp_path: Path, c
     rc, out, err = run(capsys, "silence", "add", 'a="1"', f"--duration={duration}", "--db", str(tmp_path / "s.db"))
     assert (rc, out) == (2, "")
     assert reason in err and "Traceback" not in err
+
+
+FORGERS = ["\n", "\r", "\x1b[2J", "\x00", "\u2028", "\u2029", "\x85", "\u202e"]
+
+
+@pytest.mark.parametrize("bad", FORGERS, ids=[ascii(b) for b in FORGERS])
+def test_hostile_text_in_tables_is_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    """An alertname, summary, event detail, matcher or comment with a control character prints escaped:
+    each table row and timeline line stays one line and no raw control character reaches the terminal."""
+    path = tmp_path / "s.db"
+    db = StateDB(path)
+    db.incidents.open(fingerprint="e", alertname=f"Evil{bad}Name", labels={"a": "b"}, severity=f"warn{bad}",
+                      summary=f"s{bad}1  Forged  row", started_ms=T0)
+    db.incidents.add_event("e", at_ms=T0, kind="finding", detail={"kind": f"k{bad}", "summary": f"x{bad}y"})
+    db.incidents.add_event("e", at_ms=T0, kind=f"odd{bad}", detail={f"key{bad}": f"v{bad}"})
+    db.silences.add([f'alertname="a{bad}b"'], starts_ms=T0, ends_ms=T0 + MIN, created_by=f"me{bad}",
+                    comment=f"c{bad}d")
+    db.close()
+    capsys.readouterr()  # the state database's own log lines (structlog's default set-up, not the CLI's)
+    for argv, lines in ((["incidents"], 4), (["silence", "list", "--all"], 2)):
+        rc, out, _ = run(capsys, *argv, "--db", str(path))
+        assert rc == 0
+        assert out.count("\n") == lines, out
+        assert not any(c in out.replace("\n", "") for c in "\r\x1b\x00\u2028\u2029\x85\u202e")
+        assert ascii(bad)[1:-1] in out

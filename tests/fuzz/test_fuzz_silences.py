@@ -8,79 +8,29 @@ answer with a deadline, so a hang fails the example instead of the suite.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
-import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.app.daemon import Agent
-from agent.config import Config
-from tests.fake_pynvml import FakeNvml
 from tests.fuzz import budget
+from tests.fuzz.running import JSON_VALUES, RunningAgent
 
-T = TypeVar("T")
-ANSWER_S = 10.0
-
-
-class _RunningAgent:
-    """An Agent serving HTTP on a background event loop, with a client session on the same loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="fuzz-agent", daemon=True)
-        self._thread.start()
-        config = Config.model_validate({"targets": [], "server": {"listen": "127.0.0.1:0"},
-                                        "state": {"path": ":memory:"}, "nvml": {"enabled": False}})
-        self.agent = Agent(config, nvml_module=FakeNvml().module, hostname="fuzz")
-        self.run(self.agent.start())
-        self.base = f"http://127.0.0.1:{self.agent.port}"
-        self.http = self.run(self._session())
-
-    @staticmethod
-    async def _session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ANSWER_S))
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=ANSWER_S + 5)
-
-    def post(self, data: bytes) -> tuple[int, dict[str, Any]]:
-        async def go() -> tuple[int, dict[str, Any]]:
-            async with self.http.post(f"{self.base}/api/v1/silences", data=data,
-                                      headers={"Content-Type": "application/json"}) as r:
-                text = await r.text()
-            try:
-                answer = json.loads(text)
-            except ValueError:
-                answer = {"status": "not JSON", "text": text[:200]}
-            return r.status, answer if isinstance(answer, dict) else {"status": "not an object"}
-        return self.run(go())
-
-    def close(self) -> None:
-        self.run(self.http.close())
-        self.run(self.agent.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=ANSWER_S)
-        self.loop.close()
+SILENCES = "/api/v1/silences"
 
 
 @pytest.fixture(scope="module")
-def running() -> Iterator[_RunningAgent]:
+def running() -> Iterator[RunningAgent]:
     """One agent for all examples of this module."""
-    agent = _RunningAgent()
+    agent = RunningAgent("fuzz-agent")
     yield agent
     agent.close()
 
 
-_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
-                     lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                             st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                     max_leaves=10)
+_JSON = JSON_VALUES
 _MATCHER = st.one_of(st.sampled_from(['alertname="X"', "severity=~\"crit.*\"", "a!=b", "nonsense", 'x=~"("', ""]),
                      st.text(max_size=15))
 _DURATION = st.one_of(st.sampled_from(["1h", "2h30m", "0s", "-1h", "10000000000000000d", "1y", "5", ""]),
@@ -113,9 +63,9 @@ _BODY = st.one_of(
 
 @budget(60)
 @given(data=_BODY)
-def test_any_silence_body_answers_200_or_400(running: _RunningAgent, data: bytes) -> None:
+def test_any_silence_body_answers_200_or_400(running: RunningAgent, data: bytes) -> None:
     """Any POST body gets 200 with a silence id or 400 with an error, in the API's envelope."""
-    status, body = running.post(data)
+    status, body = running.post(SILENCES, data)
     assert status in (200, 400), (status, body)
     assert body["status"] == ("success" if status == 200 else "error")
 
@@ -129,8 +79,8 @@ _SAFE_BODY = st.fixed_dictionaries(
 
 @budget(40)
 @given(body=_SAFE_BODY)
-def test_silence_bodies_without_the_known_500s_answer_200_or_400(running: _RunningAgent,
+def test_silence_bodies_without_the_known_500s_answer_200_or_400(running: RunningAgent,
                                                                  body: dict[str, Any]) -> None:
     """Bodies that avoid the known 500s (no endsAt, sane durations) always get 200 or 400."""
-    status, answer = running.post(json.dumps(body).encode())
+    status, answer = running.post(SILENCES, json.dumps(body).encode())
     assert status in (200, 400), (status, answer)

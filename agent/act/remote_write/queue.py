@@ -17,7 +17,8 @@ so each series' samples reach the remote in time order even across retries.
   accepts an identical sample again silently, VictoriaMetrics with ``-dedup.minScrapeInterval``.
 * **429, 5xx, timeouts, connection errors** (:func:`~agent.act.sinks.http.check_status`): the same
   request again after ``min_backoff``, doubling to ``max_backoff``, or the server's ``Retry-After``
-  when longer (up to :data:`RETRY_AFTER_CAP_S`). Retried forever: the capacity bounds what waits.
+  when longer (up to :data:`~agent.act.sinks.http.RETRY_AFTER_CAP_S`, the cap every sink shares). Retried
+  forever: the capacity bounds what waits.
 * **any other 4xx**: retrying cannot help (a sample too old, a malformed label): the batches are
   deleted, counted as failed, and the server's message is logged.
 
@@ -41,7 +42,7 @@ import aiohttp
 import structlog
 
 from agent.act.remote_write.wire import CONTENT_HEADERS, Encoder, compress
-from agent.act.sinks.http import check_status, user_agent
+from agent.act.sinks.http import RETRY_AFTER_CAP_S, check_status, user_agent
 from agent.act.state import StateDB
 from agent.config.remote_write import RemoteWriteConfig
 from agent.errors import DeliveryError, StateError
@@ -53,8 +54,6 @@ log = structlog.get_logger(__name__)
 
 Sample = tuple[Labels, float, int]  # labels, value, timestamp in ms
 
-#: A ``Retry-After`` longer than this is cut to it: a wrong header must not stall the queue for a day.
-RETRY_AFTER_CAP_S = 300.0
 #: How long :meth:`RemoteWriteQueue.stop` lets a request in flight finish (then it is sent again after a restart).
 STOP_GRACE_S = 5.0
 _ERROR_BODY_LIMIT = 64 * 1024

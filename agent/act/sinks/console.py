@@ -13,7 +13,9 @@ Alertmanager's default titles::
 
 The stream is flushed after every notification so ``| tee`` and log shippers see it
 at once. The header carries ``alertname`` and ``severity``; each alert line carries the
-rest of its labels (the ones that tell alerts of one group apart) and its value.
+rest of its labels (the ones that tell alerts of one group apart) and its value. Every
+line goes through :func:`agent.textsafe.escape`: an alertname or a summary from the
+unauthenticated intake cannot forge a line, move the cursor or colour the terminal (CWE-117).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, TextIO
 
 from agent.act.notification import AlertSnapshot, Notification
 from agent.errors import DeliveryError
+from agent.textsafe import escape
 
 __all__ = ["ConsoleSink", "format_notification"]
 
@@ -32,7 +35,11 @@ _HEADER_LABELS = ("alertname", "severity")
 
 
 def format_notification(notification: Notification) -> list[str]:
-    """The lines printed for one notification (no trailing newlines)."""
+    """The lines printed for one notification (no trailing newlines, no control characters)."""
+    return [escape(line) for line in _lines(notification)]
+
+
+def _lines(notification: Notification) -> list[str]:
     stamp = datetime.fromtimestamp(notification.created_ms // 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S") + "Z"
     if notification.kind == "finding":
         return [f"{stamp} {_finding_line(notification.finding or {})}"]

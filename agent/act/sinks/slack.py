@@ -43,6 +43,12 @@ Errors become :class:`~agent.errors.DeliveryError`: auth, payload and channel pr
 5xx, timeouts, connection errors and unknown error codes are retried. The token and the
 webhook URL (which is itself a secret) are never logged. The rate limiter, the 429 handler
 and the error classification are in :mod:`agent.act.sinks.slack_api`.
+
+Replies are bounded. slack-sdk reads each reply whole (``res.json()``); the session the sink opens
+reads through :class:`~agent.act.sinks.http.BoundedResponse`, so a reply past
+:data:`~agent.act.sinks.http.REPLY_LIMIT` (1 MiB; a broken proxy, a hostile endpoint) closes the
+connection and is a retryable error instead of the agent's memory. An injected session (tests)
+is the caller's and is used as it is.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from agent.act.notification import Notification, group_key_hash
 from agent.act.sinks import MessageRefs
-from agent.act.sinks.http import user_agent
+from agent.act.sinks.http import BoundedResponse, user_agent
 from agent.act.sinks.slack_api import ChannelLimiter, RateLimitRetry, api_error, retry_after, sdk_logger
 from agent.act.sinks.slack_blocks import alert_blocks, escape, finding_blocks, scale_blocks, truncate
 from agent.config import SlackReceiverConfig
@@ -302,7 +308,8 @@ class SlackSink:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._config.timeout))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._config.timeout),
+                                                  response_class=BoundedResponse)  # replies read to REPLY_LIMIT
         return self._session
 
     def _metadata(self, event_type: str, n: Notification) -> dict[str, Any]:

@@ -43,12 +43,16 @@ WEBHOOK_VERSION = "4"  # Alertmanager's webhook payload version since 0.11
 def format_go_time(ms: int) -> str:
     """Unix ms -> Go's ``time.Time`` JSON form in UTC (RFC 3339, fraction without trailing zeros).
 
-    ``0`` is Go's zero time, which Alertmanager writes for an ``endsAt`` not reached yet.
+    ``0`` is Go's zero time, which Alertmanager writes for an ``endsAt`` not reached yet. A time past
+    year 9999 is a ValueError (the outbox fails such a notification at once: it can never be sent).
     """
     if ms <= 0:
         return GO_ZERO_TIME
     secs, frac = divmod(ms, 1000)
-    text = datetime.fromtimestamp(secs, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        text = datetime.fromtimestamp(secs, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    except (OverflowError, OSError, ValueError) as exc:  # past year 9999: Go's encoder refuses it too
+        raise ValueError(f"{ms} ms is past the years RFC 3339 can write") from exc
     if frac:
         text += "." + f"{frac:03d}".rstrip("0")
     return text + "Z"

@@ -138,3 +138,28 @@ async def test_defaults_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     """Without a stream, lines go to stdout."""
     await ConsoleSink("console").send(_note(status="resolved", alerts=(_alert("a", "resolved"),)))
     assert "[RESOLVED] VLLMKVCacheSaturated" in capsys.readouterr().out
+
+
+HOSTILE = ["\n", "\r", "\x1b[2J\x1b[31m", "\x00", "\u2028", "\u2029", "\x85", "\u202e"]
+
+
+@pytest.mark.parametrize("bad", HOSTILE, ids=[ascii(b) for b in HOSTILE])
+async def test_hostile_text_anywhere_cannot_forge_or_colour_a_line(bad: str) -> None:
+    """Control characters in an alertname, summary, label, finding or scale field are printed escaped:
+    each notification prints exactly its own lines and no raw control character reaches the stream."""
+    alert = AlertSnapshot(labels={"alertname": f"Evil{bad}Name", "severity": f"warn{bad}", "instance": f"a{bad}b",
+                                  f"weird{bad}label": "x"},
+                          annotations={"summary": f"forged{bad}2026-01-01 00:00:00Z [RESOLVED] Everything"},
+                          status="firing", starts_at_ms=T0_MS)
+    finding = {"kind": f"k{bad}", "summary": f"s{bad}", "setting": f"--x{bad}", "suggested_value": f"1{bad}",
+               "runbook_url": f"https://r{bad}"}
+    scale = {"service": f"svc{bad}", "direction": f"out{bad}", "reason": f"because{bad}"}
+    notes = [_note(alerts=(alert,)), _note("finding", finding=finding), _note("scale", scale=scale)]
+    out = io.StringIO()
+    sink = ConsoleSink("console", out)
+    for note in notes:
+        await sink.send(note)
+    text = out.getvalue()
+    assert text.count("\n") == 4  # header + one alert line, one finding line, one scale line
+    assert not any(c in text.replace("\n", "") for c in "\r\x1b\x00\u2028\u2029\x85\u202e")
+    assert "Evil" + ascii(bad)[1:-1] + "Name" in text

@@ -59,10 +59,13 @@ async def test_only_findings_are_forwarded(session: aiohttp.ClientSession) -> No
         assert rec.posts() == []
 
 
-@pytest.mark.parametrize(("status", "permanent"), [(401, True), (400, True), (503, False), (500, False)])
+@pytest.mark.parametrize(("status", "permanent"), [(401, True), (400, True), (403, True), (404, True), (413, True),
+                                                  (422, True), (408, False), (429, False), (503, False),
+                                                  (500, False)])
 async def test_the_central_agents_answer_decides_retry(session: aiohttp.ClientSession, status: int,
                                                        permanent: bool) -> None:
-    """A refused token or payload is permanent (the outbox's failed items); a 5xx is retried."""
+    """A refused token or payload (any 4xx but 408 and 429) is permanent (the outbox's failed items); a request
+    timeout, a rate limit and a 5xx are retried."""
     async with RecordingServer(status=status) as rec:
         with pytest.raises(DeliveryError) as err:
             await _sink(rec, session).send(_note())

@@ -562,3 +562,23 @@ async def test_fake_requires_channel_id_for_update_and_accepts_form_bodies(slack
     assert posted["ok"] and posted["channel"] == "C0GENERAL1"
     assert by_name == {"ok": False, "error": "channel_not_found"}
     assert auth["ok"] and auth["bot_id"] == "B0FAKEBOT"
+
+
+FLOOD = 512 * 1024 * 1024  # what the fake would send: far more than any Slack reply
+
+
+@pytest.mark.parametrize("mode, method", [("bot", "chat.postMessage"), ("bot", "conversations.history"),
+                                          ("webhook", "webhook")])
+async def test_a_flooding_reply_is_cut_at_the_bound_and_retried(sinks: Sinks, slack: FakeSlack, mode: str,
+                                                                method: str) -> None:
+    """A Slack (or proxy) reply of hundreds of MB is read only up to the sink's bound: the connection is closed
+    after a few MB at most, and the send fails as a retryable DeliveryError naming the limit; the next
+    attempt, answered normally, posts the message."""
+    slack.fail(method, flood=FLOOD)
+    sink = sinks.webhook(slack) if mode == "webhook" else sinks.bot(slack)
+    with pytest.raises(DeliveryError) as info:
+        await sink.send(group(alert()), attempt=1 if method == "conversations.history" else 0)
+    assert not info.value.permanent and "larger than" in str(info.value)
+    assert slack.flood_sent < 32 * 1024 * 1024  # the client stopped reading: the rest never left the server
+    await sink.send(group(alert()), attempt=1)
+    assert len(slack.in_channel("C0123ABCD")) == 1
