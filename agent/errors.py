@@ -23,13 +23,16 @@ with ``raise ... from exc`` so the cause is never lost.
     ├── StateError             the SQLite state database cannot be opened or written
     │   └── NotFoundError      no such record (an incident id the triage report was asked for)
     ├── DeliveryError          a receiver did not accept a notification (retry or give up)
-    └── DiagnosisError         a diagnosis could not run (bad evidence file, missing binary, ...)
+    │   └── RenderError        a notification could not be rendered or encoded for its receiver (permanent)
+    ├── DiagnosisError         a diagnosis could not run (bad evidence file, missing binary, ...)
+    └── BusyError              optional work refused because its pool is full (HTTP 503 + Retry-After)
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AgentError",
+    "BusyError",
     "ConfigError",
     "DeliveryError",
     "DiagnosisError",
@@ -38,6 +41,7 @@ __all__ = [
     "NvmlError",
     "PromQLError",
     "RegexError",
+    "RenderError",
     "RuleError",
     "ScrapeError",
     "SimulatorError",
@@ -154,5 +158,23 @@ class DeliveryError(AgentError):
         super().__init__(message)
 
 
+class RenderError(DeliveryError):
+    """A notification could not be rendered or encoded for its receiver (a time past year 9999, text no
+    encoder takes): always permanent, since the same payload fails the same way every time, and a head of
+    queue that cannot be sent must not hold back what is queued behind it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, permanent=True)
+
+
 class DiagnosisError(AgentError):
     """A diagnosis could not run: unreadable evidence, a missing binary, bad flags."""
+
+
+class BusyError(AgentError):
+    """Optional work (a triage report) refused because every slot of its pool is taken: the caller answers
+    503 with ``Retry-After: retry_after_s`` instead of queueing without bound."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -45,7 +45,7 @@ from agent.app.server import (
     serve,
     server_status,
 )
-from agent.app.telemetry import AgentCollector, SourceCollector, build_registry
+from agent.app.telemetry import AgentCollector, FileSDCollector, SourceCollector, build_registry
 from agent.app.triage import Reports
 from agent.app.triage.series import CONTEXT_FAMILIES
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
@@ -153,7 +153,7 @@ class Agent:
         self.events: deque[AlertEvent] = deque(maxlen=1000)
         # opens the state db and restores alert state; console receivers write to notify_stream (default stdout)
         longest = max((g.interval_s for g in self.rules.groups), default=rc.evaluation_interval)
-        self.leadership = leadership_for(config, longest_interval_s=longest)  # HA (docs/ha.md): kubernetes mode
+        self.leadership = leadership_for(config, longest_interval_s=longest, clock=clock)  # HA (docs/ha.md)
         self._elector: Elector | None = None
         self.act = ActLayer(config, self.rules, clock=clock, stream=notify_stream, leadership=self.leadership)
         history = RemoteHistory(config.source) if config.source.remote else None
@@ -199,6 +199,7 @@ class Agent:
             DiagnosticsCollector(self.diagnostics),
             HttpCollector(self.http_guard, self._accept_log),
             *([SourceCollector(self.source)] if self.source is not None else []),
+            *([FileSDCollector(self.file_sd)] if self.file_sd is not None else []),
             *([RemoteWriteCollector(self.remote_write)] if self.remote_write is not None else []),
             *([LeaderCollector(self.leadership)] if self.leadership is not None else []),
         )
@@ -435,7 +436,7 @@ class Agent:
             log.debug("dispatch round cancelled by shutdown")
 
     async def _logs_job(self) -> None:
-        self.diagnostics.poll_logs()
+        await self.diagnostics.poll_logs_async()  # file reads and matching in a worker thread
 
     async def _nccl_job(self) -> None:
         self.diagnostics.request_nccl(reason="schedule")
@@ -522,6 +523,7 @@ class Agent:
         if self.source is not None:
             await self.source.close()
         await self.diagnostics.stop()
+        self.reports.pool.close()  # reports' own threads (agent.app.workpool); their queries end by their deadlines
         if self.remote_write is not None:
             await self.remote_write.stop()
         await self.act.stop()

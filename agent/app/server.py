@@ -18,6 +18,10 @@ The endpoint is hardened because it shares a process with the scraper:
   ``/readyz`` stay open. ``server.tls`` serves HTTPS. The web UI (:mod:`agent.app.ui`, at ``/``)
   logs a browser in with the same token into a cookie session that authorizes reads, and its
   forms check that session, a CSRF token and the Origin (:mod:`agent.app.ui.security`).
+* **browsers on other sites**: a request whose ``Host`` names something the agent is not
+  (a DNS-rebound name) is a 400 (:mod:`agent.app.hosts`); the JSON API refuses writes without a
+  JSON ``Content-Type`` or with a cross-site Origin or Fetch-Metadata, and without ``server.auth``
+  it takes writes from loopback peers only (:mod:`agent.app.writes`).
 * **the Alertmanager webhook** (``POST /api/v1/alertmanager/webhook``, :mod:`agent.act.intake`) is
   answered 200 once its alerts are committed to the state database, 400 naming the problem for a
   payload that is not Alertmanager's version-4 webhook (Alertmanager does not retry a 4xx), and 503
@@ -27,8 +31,9 @@ The endpoint is hardened because it shares a process with the scraper:
   :data:`~agent.act.finding_intake.MAX_BODY_BYTES`, 503 when the state database refused the write (the
   node agent's outbox retries);
 * **bad input** is answered ``400`` naming the problem (or ``413``/``408`` for a body too big or
-  too slow); an unexpected exception is logged once with its traceback and answered a generic
-  ``500``, a path no input should reach.
+  too slow); numbers in paths and queries are ASCII digits only (:func:`_ascii_int`); an unexpected
+  exception is logged once with its traceback and answered a generic ``500``, a path no input
+  should reach.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -49,10 +55,12 @@ from prometheus_client.registry import Collector
 
 from agent.act.finding_intake import MAX_BODY_BYTES as FINDING_BODY_LIMIT
 from agent.app.connections import AcceptErrorLog, ConnectionGuard, guard_middleware
+from agent.app.hosts import HostPolicy, host_middleware
 from agent.app.triage import CONTENT_TYPES, CSP, FORMATS
 from agent.app.ui import UiView, add_ui, bypasses_bearer
+from agent.app.writes import content_type_problem, writes_middleware
 from agent.config import ServerConfig
-from agent.errors import ConfigError, NotFoundError, StateError
+from agent.errors import BusyError, ConfigError, NotFoundError, StateError
 
 __all__ = [
     "BACKLOG",
@@ -133,11 +141,9 @@ def _type_name(value: object) -> str:
 async def read_json_object(request: web.Request, *, timeout_s: float) -> dict[str, Any]:
     """The request body as a JSON object, or :class:`_BadRequest` saying what is wrong with it."""
     guard = request.app[GUARD]
-    if "Content-Type" in request.headers:
-        ctype = request.content_type
-        if ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
-            raise _BadRequest(f"Content-Type must be application/json, not {ctype!r} "
-                              "(with curl: -H 'Content-Type: application/json')")
+    problem = content_type_problem(request)  # a missing one too: no-cors fetches send none (agent.app.writes)
+    if problem is not None:
+        raise _BadRequest(problem)
     guard.reading_body(request.transport, True)  # evictable at the connection cap meanwhile
     try:
         async with asyncio.timeout(timeout_s):
@@ -165,12 +171,21 @@ async def read_json_object(request: web.Request, *, timeout_s: float) -> dict[st
     return data
 
 
+def _ascii_int(text: str, *, digits: int) -> int | None:
+    """``text`` as a non-negative integer when it is 1 to ``digits`` ASCII digits, else None.
+
+    Not ``int()`` alone: it also takes Arabic-Indic and fullwidth digits, underscores, signs and
+    surrounding spaces (so ``/incidents/\uff11`` would alias ``/incidents/1``), and ``str.isdigit()``
+    passes superscripts that ``int()`` then refuses (a 500 where a 400 belongs).
+    """
+    if not 1 <= len(text) <= digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
 def _limit(request: web.Request) -> int:
     text = request.query.get("limit", "50")
-    try:
-        limit = int(text) if len(text) <= 10 else None
-    except ValueError:
-        limit = None
+    limit = _ascii_int(text, digits=10)
     if limit is None or not 1 <= limit <= _MAX_INCIDENTS:
         raise _BadRequest(f"limit must be an integer from 1 to {_MAX_INCIDENTS}, not {text[:40]!r}")
     return limit
@@ -282,14 +297,17 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         text = request.match_info["id"]
         if fmt not in FORMATS:
             raise _BadRequest(f"format must be one of {', '.join(FORMATS)}, not {fmt[:20]!r}")
-        if not text.isdigit() or len(text) > 18:
-            raise _BadRequest(f"an incident id is a positive integer, not {text[:40]!r}")
+        incident_id = _ascii_int(text, digits=18)
+        if incident_id is None:
+            raise _BadRequest(f"an incident id is a positive integer in ASCII digits, not {text[:40]!r}")
         try:
-            body = await agent.incident_report(int(text), fmt)
+            body = await agent.incident_report(incident_id, fmt)
         except NotFoundError as exc:
             if fmt == "json":
                 return _error(404, "not_found", str(exc))
             return web.Response(status=404, text=f"{exc}\n")
+        except BusyError as exc:  # every report slot taken (agent.app.workpool): come back, never queue
+            return _error(503, "unavailable", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
         headers = {"Content-Type": CONTENT_TYPES[fmt], "Content-Security-Policy": CSP,
                    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
         return web.Response(text=body, headers=headers)
@@ -315,7 +333,9 @@ def build_app(agent: AgentView, config: ServerConfig | None = None,
         except StateError:  # logged by the act layer; a 5xx makes the node agent's outbox retry
             return _error(503, "unavailable", "the state database refused the write; retry later")
 
-    middlewares: list[Any] = [guard_middleware(guard), _errors]
+    policy = HostPolicy.from_config(cfg, socket.gethostname())
+    middlewares: list[Any] = [guard_middleware(guard), _errors, host_middleware(policy, _OPEN_PATHS),
+                              writes_middleware(cfg)]
     token = cfg.auth.bearer_token
     if token is not None:
         middlewares.append(_auth(token.get_secret_value(), cfg.auth.protect_reads))
@@ -404,6 +424,9 @@ def server_status(config: ServerConfig, guard: ConnectionGuard | None) -> dict[s
         "auth": "bearer" if config.auth.bearer_token is not None else "none",
         "protect_reads": config.auth.protect_reads,
         "tls": config.tls is not None,
+        "allowed_hosts": HostPolicy.from_config(config, socket.gethostname()).shown(),
+        "writes": ("bearer token" if config.auth.bearer_token is not None else
+                   "any peer" if config.allow_unauthenticated_writes else "loopback peers only"),
         "warnings": config.warnings(),
         "connections": guard.open if guard is not None else 0,
         "max_connections": config.max_connections,

@@ -7,6 +7,7 @@ exposed beyond loopback, and :meth:`ServerConfig.warnings` says so when it shoul
 from __future__ import annotations
 
 import ipaddress
+import re
 import ssl
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -14,6 +15,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from agent.config.types import ByteSize, ConfigModel, Duration
 
 __all__ = ["ServerAuthConfig", "ServerConfig", "ServerTLSConfig"]
+
+#: An ``allowed_hosts`` entry: ``*``, a DNS name (``.`` first: the domain and its subdomains), an IPv4
+#: address or a bracketed IPv6 one, each with an optional ``:port``.
+_HOST_ENTRY = re.compile(r"\*|(?:\.?[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
 
 
 class ServerAuthConfig(ConfigModel):
@@ -76,6 +81,25 @@ class ServerConfig(ConfigModel):
     #: Where people reach this agent (behind a proxy or an ingress: that URL), for links to its pages
     #: from elsewhere: the Slack message of an alert links ``<external_url>/incidents/<id>``. Empty: no links.
     external_url: str = ""
+    #: Host names (``name`` or ``name:port``; ``.example.org`` for the domain and its subdomains; ``*`` for
+    #: any) that requests may name in their ``Host`` header besides the listen address, ``localhost`` and
+    #: ``external_url``'s host: the names people and tools reach this agent by (agent.app.hosts says why).
+    allowed_hosts: list[str] = Field(default_factory=list)
+    #: Accept mutating requests (silences, intake posts) from other machines without ``server.auth``, as
+    #: Prometheus' ``--web.enable-admin-api`` opts in: only behind something else that authenticates.
+    allow_unauthenticated_writes: bool = False
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, v: list[str]) -> list[str]:
+        out = []
+        for i, entry in enumerate(v):
+            host = entry.strip().lower()
+            port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+            if not _HOST_ENTRY.fullmatch(host) or len(host) > 300 or (port and int(port) > 65535):
+                raise ValueError(f"[{i}]: not a host name, name:port, .domain or '*': {entry[:60]!r}")
+            out.append(host)
+        return out
 
     @field_validator("external_url")
     @classmethod
@@ -129,9 +153,14 @@ class ServerConfig(ConfigModel):
     def warnings(self) -> list[str]:
         """What an operator should hear about this endpoint's exposure (logged at start, in /api/v1/status)."""
         out = []
-        if not self.loopback_only and self.auth.bearer_token is None:
+        if not self.loopback_only and self.auth.bearer_token is None and self.allow_unauthenticated_writes:
+            out.append(f"listening on {self.listen} beyond loopback without authentication and with "
+                       "server.allow_unauthenticated_writes: anyone who can reach it can add and expire silences "
+                       "and post alerts and findings (set server.auth.bearer_token_file)")
+        elif not self.loopback_only and self.auth.bearer_token is None:
             out.append(f"listening on {self.listen} beyond loopback without authentication: anyone who can "
-                       "reach it can add and expire silences (set server.auth.bearer_token_file)")
+                       "reach it can read it, and writes from other machines (silences, alerts, findings) are "
+                       "refused (set server.auth.bearer_token_file)")
         if not self.loopback_only and self.auth.bearer_token is not None and self.tls is None:
             out.append(f"listening on {self.listen} beyond loopback without TLS: the bearer token travels "
                        "in clear text (set server.tls)")

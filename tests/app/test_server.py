@@ -283,7 +283,7 @@ async def test_too_big_or_too_slow_bodies_are_refused(plain_agent: Agent) -> Non
             headers={"Content-Type": "application/json"}) as r:
         assert r.status == 413
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /api/v1/silences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(b"POST /api/v1/silences HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 100\r\n\r\n{\"matchers\"")
     await writer.drain()
     head = await asyncio.wait_for(reader.readline(), timeout=10)
@@ -303,8 +303,8 @@ async def test_bad_incident_limits_are_400(plain_agent: Agent, query: str) -> No
 
 async def test_malformed_requests_are_400_not_500(plain_agent: Agent) -> None:
     """Raw garbage, non-UTF-8 paths and over-long header lines are refused by the parser with a 400."""
-    for raw in (b"\xff\xfe garbage\r\n\r\n", b"GET /api/v1/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
-                b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n"):
+    for raw in (b"\xff\xfe garbage\r\n\r\n", b"GET /api/v1/\xff\xfe HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n"):
         reader, writer = await asyncio.open_connection("127.0.0.1", plain_agent.port)
         writer.write(raw)
         await writer.drain()
@@ -464,7 +464,7 @@ async def test_stalled_bodies_make_room_for_new_connections(tmp_path: Path) -> N
     try:
         for _ in range(8):
             reader, writer = await asyncio.open_connection("127.0.0.1", agent.port)
-            writer.write(b"POST /api/v1/silences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            writer.write(b"POST /api/v1/silences HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 100\r\n\r\n")
             await writer.drain()
             streams.append((reader, writer))

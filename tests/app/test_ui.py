@@ -350,3 +350,38 @@ async def test_protect_reads_sends_browsers_to_the_login(start_agent: StartAgent
             assert r.status == 200 and "InjectedLabel" in await r.text()
         async with http.get(f"{base}/api/v1/alerts") as r:
             assert r.status == 200
+
+
+# Redirect targets a browser would take off the agent: tab, newline and backslash variants, leading
+# whitespace and control characters, three slashes, schemes, and percent-encodings (which stay paths).
+HOSTILE_NEXT = ["//evil.example", "/\t/evil.example", "/\n/evil.example", "/\r\n/evil.example", "\t//evil.example",
+                " //evil.example", "\x00//evil.example", "\u3000//evil.example", "/\\evil.example", "\\\\evil.example",
+                "/\\/evil.example", "\\/evil.example", "///evil.example", "http://evil.example", "https:evil.example",
+                "HTTP://evil.example/alerts", "javascript:alert(1)", "/\t\\evil.example", "%2F%2Fevil.example",
+                "/%2F%2Fevil.example", "/%09/evil.example", "/%5C%5Cevil.example"]
+
+
+def _browser_leaves(location: str) -> bool:
+    """Whether a browser resolving ``location`` against the agent's URL lands on another host (the WHATWG
+    URL rules that matter: C0 controls and spaces stripped at the ends, tab and newlines dropped anywhere,
+    ``\\`` read as ``/``, a scheme or a leading ``//`` makes it absolute)."""
+    text = location.strip("".join(map(chr, range(0x21)))).replace("\t", "").replace("\n", "").replace("\r", "")
+    text = text.replace("\\", "/")
+    return bool(re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", text)) or text.startswith("//")
+
+
+@pytest.mark.parametrize("target", HOSTILE_NEXT)
+async def test_login_never_redirects_off_the_agent(start_agent: StartAgent, target: str) -> None:
+    """A next= a browser would resolve to another host (tab, backslash, encoded, whitespace variants) is
+    replaced by /alerts, both in the login page's form and in the redirect after the login."""
+    agent = await start_agent({"auth": {"bearer_token_env": "TOK"}}, {"TOK": TOKEN})
+    base = f"http://127.0.0.1:{agent.port}"
+    async with _session() as http:
+        async with http.get(f"{base}/login", params={"next": target}) as r:
+            page = await r.text()
+        shown = re.search(r'name="next" value="([^"]*)"', page)
+        async with http.post(f"{base}/login", data={"csrf": _csrf(page), "token": TOKEN, "next": target},
+                             headers={"Origin": base}, allow_redirects=False) as r:
+            status, location = r.status, r.headers.get("Location", "")
+    assert shown is not None and not _browser_leaves(shown.group(1)), shown
+    assert status == 303 and location.startswith("/") and not _browser_leaves(location), location

@@ -239,3 +239,133 @@ async def test_incident_opens_its_report(stack: Stack) -> None:
     assert widths and all(w > 0 for w in widths), widths  # every plot image loaded
     await page.screenshot(path=str(stack.shots / "ui-incident-report.png"), full_page=True)
     await page.close()
+
+
+# -- cross-site and rebinding attacks from a real page (issue 23) ------------------------------------------------
+
+REBIND = "rebind.attacker.test"  # Chromium resolves it to 127.0.0.1, as a rebinding DNS server would
+SILENCE_JSON = json.dumps({"matchers": ['alertname="CsrfFromChromium"'], "duration": "1h"})
+ATTACKER_PAGE = "<!doctype html><title>attacker</title><p>nothing to see</p>"
+
+# What a page on another origin can send the agent without a CORS preflight, each as a fetch in no-cors
+# mode (the browser drops the answer, but the request goes out) or a form posted into a hidden frame.
+NO_CORS_ATTACKS = {
+    "Blob body, no Content-Type": "fetch(u, {method: 'POST', mode: 'no-cors', body: new Blob([j])})",
+    "ArrayBuffer body, no Content-Type": ("fetch(u, {method: 'POST', mode: 'no-cors', "
+                                          "body: new TextEncoder().encode(j).buffer})"),
+    "string body, text/plain": "fetch(u, {method: 'POST', mode: 'no-cors', body: j})",
+    "URLSearchParams body": "fetch(u, {method: 'POST', mode: 'no-cors', body: new URLSearchParams({j})})",
+    "credentials included": ("fetch(u, {method: 'POST', mode: 'no-cors', credentials: 'include', "
+                             "body: new Blob([j])})"),
+    "text/plain form with a JSON-shaped field": (
+        "new Promise(done => { const f = document.createElement('form'); f.method = 'POST'; f.action = u; "
+        "f.enctype = 'text/plain'; f.target = 'sink'; const i = document.createElement('input'); "
+        "i.name = j.slice(0, -1) + ', \"comment\": \"'; i.value = '\"}'; f.appendChild(i); "
+        "const frame = document.createElement('iframe'); frame.name = 'sink'; document.body.append(frame, f); "
+        "frame.onload = done; f.submit(); })"),  # onload set after about:blank loaded: the post's answer
+}
+
+
+@dataclass
+class OpenStack:
+    base: str
+    attacker: str  # base URLs of the attacker's page: 127.0.0.1 on another port, and localhost
+    attacker_by_name: str
+    context: Any
+    agent: Any
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def open_stack(tmp_path: Path) -> AsyncIterator[OpenStack]:
+    """An agent without server.auth on loopback (the JSON API's only defence is then its own checks), an
+    attacker's page server on another port, and a Chromium that resolves REBIND to 127.0.0.1."""
+    from aiohttp import web
+
+    from agent.app.daemon import Agent
+    from agent.config import Config
+
+    agent = Agent(Config.model_validate({"targets": [], "server": {"listen": "127.0.0.1:0"},
+                                         "nvml": {"enabled": False}, "state": {"path": str(tmp_path / "s.db")}}))
+    await agent.start()
+
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text=ATTACKER_PAGE, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    try:
+        async with playwright_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(
+                executable_path=str(CHROMIUM), headless=True,
+                args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {REBIND} 127.0.0.1"])
+            context = await browser.new_context()
+            try:
+                yield OpenStack(f"http://127.0.0.1:{agent.port}", f"http://127.0.0.1:{port}/",
+                                f"http://localhost:{port}/", context, agent)
+            finally:
+                await context.close()
+                await browser.close()
+    finally:
+        await runner.cleanup()
+        await agent.stop()
+
+
+@pytest.mark.parametrize("attack", list(NO_CORS_ATTACKS))
+async def test_no_cors_posts_from_another_origin_create_no_silence(open_stack: OpenStack, attack: str) -> None:
+    """A page on another origin (127.0.0.1 on another port, and localhost) posts a silence to the JSON API
+    in each way that needs no preflight; the agent refuses every one and no silence exists. The same fetch
+    with a JSON Content-Type from the agent's own page does create one, so the probe can see success."""
+    page = await open_stack.context.new_page()
+    sent = []
+    page.on("request", lambda r: sent.append(r.url) if "/api/v1/silences" in r.url else None)
+    for origin in (open_stack.attacker, open_stack.attacker_by_name):
+        await page.goto(origin)
+        await page.evaluate(f"async ([u, j]) => {{ await {NO_CORS_ATTACKS[attack]}; }}",
+                            [f"{open_stack.base}/api/v1/silences", SILENCE_JSON])
+    assert len(sent) == 2, sent  # both requests really left the browser
+    assert await open_stack.agent.silences_json() == []
+    await page.goto(f"{open_stack.base}/silences")
+    status = await page.evaluate("async j => (await fetch('/api/v1/silences', {method: 'POST', body: j, "
+                                 "headers: {'Content-Type': 'application/json'}})).status", SILENCE_JSON)
+    await page.close()
+    silences = await open_stack.agent.silences_json()
+    for s in silences:
+        await open_stack.agent.expire_silence(s["id"])
+    assert status == 200 and len(silences) == 1
+
+
+async def test_a_rebound_name_reads_nothing_and_silences_nothing(open_stack: OpenStack) -> None:
+    """DNS rebinding: under a name that resolves to 127.0.0.1 the agent's pages and API answer 400, and the
+    page's same-origin fetches (which a rebound page may read) get neither /status nor a silence."""
+    page = await open_stack.context.new_page()
+    rebound = open_stack.base.replace("127.0.0.1", REBIND)
+    response = await page.goto(f"{rebound}/status")
+    assert response is not None and response.status == 400
+    answers = await page.evaluate(
+        "async j => [(await fetch('/api/v1/status')).status, (await fetch('/silences')).status, "
+        "(await fetch('/api/v1/silences', {method: 'POST', body: j, "
+        "headers: {'Content-Type': 'application/json'}})).status]", SILENCE_JSON)
+    await page.close()
+    assert answers == [400, 400, 400]
+    assert await open_stack.agent.silences_json() == []
+
+
+@pytest.mark.parametrize("target", ["/\t/evil.example", "/\\evil.example", "\\\\evil.example", " //evil.example",
+                                    "/\n/evil.example", "https:evil.example", "/%2F%2Fevil.example",
+                                    "\u3000//evil.example", "///evil.example"])
+async def test_login_redirect_resolves_to_the_agent_in_chromium(open_stack: OpenStack, target: str) -> None:
+    """The Location the login answers for a hostile next= resolves, by Chromium's own URL parser, to the
+    agent's host."""
+    page = await open_stack.context.new_page()
+    await page.goto(f"{open_stack.base}/silences")  # without server.auth the login form is the silence form's
+    csrf = await page.locator('input[name="csrf"]').first.get_attribute("value")
+    answer = await page.request.post(f"{open_stack.base}/login", form={"csrf": csrf or "", "next": target},
+                                     max_redirects=0)
+    location = answer.headers.get("location", "")
+    host = await page.evaluate("loc => new URL(loc, location.href).host", location)
+    await page.close()
+    assert answer.status == 303 and host == open_stack.base.removeprefix("http://"), (location, host)

@@ -15,9 +15,12 @@ until the time is up or something fails; the failing input is printed with
 one such round by hand.
 
 Targets: the exposition parser (:mod:`agent.collect.exposition`), the matcher parsers
-(:mod:`agent.matchers` and PromQL selectors), the silence API of a running agent, and
-config loading. Each property states which exceptions the boundary may raise; anything
-else is a bug.
+(:mod:`agent.matchers` and PromQL selectors), the silence API of a running agent, its two
+intakes (the Alertmanager webhook and forwarded findings), config loading, file_sd files
+(:mod:`agent.collect.discovery`), Host headers and
+login redirect targets (DNS rebinding, open redirects), and the OOM evidence scanner (a
+user's prompt in the request log). Each property states which exceptions the boundary may
+raise; anything else is a bug.
 """
 
 from __future__ import annotations

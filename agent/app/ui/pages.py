@@ -17,11 +17,13 @@ JavaScript a ``<noscript>`` refresh reloads the pages that hold no form).
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlencode, urlsplit
 
 import yaml
 from aiohttp import web
@@ -31,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.app.ui.present import age, alert_rows, format_value, parse_time, safe_url, utc
 from agent.app.ui.security import COOKIE, Sessions, same_origin, secure_headers
+from agent.app.ui.throttle import LoginThrottle
 
 __all__ = ["NAV", "SESSIONS", "UiView", "add_ui", "bypasses_bearer"]
 
@@ -46,6 +49,7 @@ _SAFE = frozenset({"GET", "HEAD"})
 REFRESH_S = 5  # how often a page polls itself
 _MAX_INCIDENTS = 200
 _MAX_MATCHERS = 32
+_MAX_NEXT = 2048  # a redirect target's length: a page's path and query, never a payload
 
 
 class UiView(Protocol):
@@ -102,10 +106,24 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
 
 
 def _local_path(text: str | None) -> str:
-    """A redirect target from a form: a path on this agent, never another site (``//evil``, ``/\\evil``)."""
-    if text and text.startswith("/") and not text.startswith(("//", "/\\")) and "\n" not in text and "\r" not in text:
-        return text
-    return "/alerts"
+    """A redirect target from a form or a query (``next``): a path on this agent, never another site.
+
+    A browser reads a URL more loosely than :func:`urllib.parse.urlsplit` does: it drops tabs
+    and newlines anywhere (``/<TAB>/evil.example`` is ``//evil.example``, another host), strips
+    leading control characters and spaces, reads ``\\`` as ``/``, and takes three slashes or
+    ``http:evil.example`` as absolute; aiohttp drops the tab too when it writes ``Location``.
+    Rather than mimic every rule (Django's ``url_has_allowed_host_and_scheme`` lists them), a
+    target is kept only when it is printable ASCII with no space or backslash, so that a browser
+    has nothing to drop or fold, and then begins with exactly one ``/`` and has no scheme and no
+    host. A percent-escape stays an escape (a browser never decodes ``%2F`` into the host), and
+    the agent's own links arrive escaped (:meth:`_Ui.guard_read`). Anything else goes to ``/alerts``.
+    """
+    if not text or len(text) > _MAX_NEXT or any(not "!" <= c <= "~" or c == "\\" for c in text):
+        return "/alerts"
+    parts = urlsplit(text)
+    if not text.startswith("/") or text.startswith("//") or parts.scheme or parts.netloc:
+        return "/alerts"
+    return text
 
 
 class _Ui:
@@ -117,6 +135,7 @@ class _Ui:
         self.static = _static_files()
         self.body_timeout_s = body_timeout_s
         self.clock = clock
+        self.throttle = LoginThrottle()
 
     # -- rendering ---------------------------------------------------------------------------------
     def render(self, request: web.Request, template: str, code: int = 200, **context: Any) -> web.Response:
@@ -140,8 +159,8 @@ class _Ui:
         """Under ``protect_reads`` a browser without a session goes to the login, and back after it."""
         if self.sessions.may_read(request):
             return
-        raise web.HTTPSeeOther(f"/login?next={request.path_qs if request.path != '/login' else '/alerts'}",
-                               headers={"Cache-Control": "no-store"})
+        back = request.rel_url.raw_path_qs if request.path != "/login" else "/alerts"
+        raise web.HTTPSeeOther(f"/login?{urlencode({'next': back}, safe='/')}", headers={"Cache-Control": "no-store"})
 
     async def form(self, request: web.Request, *, acting: bool) -> MultiDictProxy[Any] | web.Response:
         """The posted form, or the refusal: cross-site, a CSRF token that does not match, not logged in."""
@@ -251,13 +270,28 @@ class _Ui:
         target = _local_path(str(form.get("next", "")))
         if not self.sessions.login_required:
             raise web.HTTPSeeOther(target)
+        client = request.remote or ""
+        wait = self.throttle.wait_s(client)
+        if wait > 0:  # not checked at all: a guess inside the wait neither counts nor tells anything
+            return self._slow_down(request, target, wait)
         if not self.sessions.token_ok(str(form.get("token", ""))):
+            wait = self.throttle.failed(client)
+            if wait > 0:
+                return self._slow_down(request, target, wait, code=401)
             return self.render(request, "login.html", code=401, title="Log in", next=target,
                                error="That is not the agent's API token (server.auth).")
+        self.throttle.succeeded(client)
         self.sessions.logout(request.cookies.get(COOKIE))
         response = web.HTTPSeeOther(target)
         self.sessions.set_cookie(response, request, self.sessions.login())
         raise response
+
+    def _slow_down(self, request: web.Request, target: str, wait_s: float, code: int = 429) -> web.Response:
+        seconds = max(1, math.ceil(wait_s))
+        response = self.render(request, "login.html", code=code, title="Log in", next=target,
+                               error=f"Too many wrong tokens from this address: try again in {seconds} s.")
+        response.headers["Retry-After"] = str(seconds)
+        return response
 
     async def logout(self, request: web.Request) -> web.Response:
         form = await self.form(request, acting=False)

@@ -25,8 +25,12 @@ HMAC-SHA256(process secret, session id), which another origin cannot read or com
 ``Origin`` header, which browsers send on every cross-origin post, must name the agent itself
 (``Sec-Fetch-Site: cross-site`` is refused too). Without ``server.auth`` every browser gets an
 anonymous session id on its first page, so the CSRF token is bound to something all the same.
-The JSON API keeps its own defence: it takes only ``application/json`` bodies and answers no CORS
-preflight, so a cross-site page can neither send it a form nor a fetch it is allowed to make.
+The JSON API keeps its own defence (:mod:`agent.app.writes`): it takes only bodies declared
+``application/json`` (a missing ``Content-Type`` too is refused: a ``no-cors`` fetch sends none),
+answers no CORS preflight, and refuses writes whose Origin or ``Sec-Fetch-Site`` is another site's.
+``POST /login`` gives each client address a few wrong tokens, then makes it wait
+(:mod:`agent.app.ui.throttle`); its ``next`` is kept only when no browser could read it as
+another host (:func:`agent.app.ui.pages._local_path`).
 """
 
 from __future__ import annotations
