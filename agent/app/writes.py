@@ -21,7 +21,7 @@ with none of those headers and pass. The UI's own forms are not under ``/api/``:
 a CSRF token, the Origin and the session themselves (:mod:`agent.app.ui.security`).
 
 **Writes beyond loopback.** Without ``server.auth``, a mutating request from a peer that is
-not this machine (not a loopback address) is refused ``403``, unless
+not this machine (not ``127.0.0.1`` or ``::1``) is refused ``403`` and the first refusal per peer is logged, unless
 ``server.allow_unauthenticated_writes: true`` says something in front of the agent
 authenticates; Prometheus gates its admin API behind a flag the same way. Reads stay open,
 as they were. The peer is the TCP peer: behind a reverse proxy on the same machine every
@@ -34,6 +34,7 @@ import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from agent.app.ui.security import same_origin
@@ -44,6 +45,9 @@ __all__ = ["MUTATING", "api_refusal", "content_type_problem", "is_json_type", "l
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _BODIES = frozenset({"POST", "PUT", "PATCH"})
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_MAX_LOGGED = 32  # distinct refused peers logged per process
+
+log = structlog.get_logger(__name__)
 
 
 def is_json_type(request: web.Request) -> bool:
@@ -80,9 +84,15 @@ def api_refusal(request: web.Request) -> tuple[int, str] | None:
     return None
 
 
+#: The peers that are this machine's own clients: ``127.0.0.1`` and ``::1`` only, not all of 127/8. A
+#: service mesh's sidecar (Istio's inbound passthrough) connects from ``127.0.0.6`` on behalf of any pod
+#: in the mesh; counting it as local would open unauthenticated writes to the whole cluster.
+_LOCAL_PEERS = frozenset({ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")})
+
+
 def local_peer(remote: str | None) -> bool:
-    """Whether the TCP peer ``remote`` (``request.remote``) is this machine: a loopback address,
-    also written as an IPv4-mapped IPv6 one (``::ffff:127.0.0.1``)."""
+    """Whether the TCP peer ``remote`` (``request.remote``) is a client on this machine: ``127.0.0.1``
+    or ``::1``, also written as an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``)."""
     if not remote:
         return False
     try:
@@ -90,28 +100,38 @@ def local_peer(remote: str | None) -> bool:
     except ValueError:
         return False
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+    return ip in _LOCAL_PEERS or mapped in _LOCAL_PEERS
 
 
-def _error(status: int, kind: str, message: str) -> web.Response:
-    return web.json_response({"status": "error", "errorType": kind, "error": message}, status=status)
+def _error(request: web.Request, status: int, kind: str, message: str) -> web.Response:
+    """The refusal in the JSON API's envelope under ``/api/``, as text for the UI's forms."""
+    if request.path.startswith("/api/"):
+        return web.json_response({"status": "error", "errorType": kind, "error": message}, status=status)
+    return web.Response(status=status, text=f"{message}\n")
 
 
 def writes_middleware(config: ServerConfig) -> Any:
     """The middleware applying both refusals of the module docstring to ``config``'s endpoint."""
     gated = config.auth.bearer_token is None and not config.allow_unauthenticated_writes
+    logged: set[str] = set()  # peers whose refused write was logged; a flood of peers logs no more
 
     @web.middleware
     async def guard_writes(request: web.Request, handler: _Handler) -> web.StreamResponse:
         if request.method not in MUTATING:
             return await handler(request)
         if gated and not local_peer(request.remote):
-            return _error(403, "forbidden", "writes from other machines need server.auth (a bearer token), or "
-                          "server.allow_unauthenticated_writes: true where something in front authenticates")
+            peer = str(request.remote)[:64]
+            if len(logged) < _MAX_LOGGED and peer not in logged:  # a sender that drops 4xx loses its posts
+                logged.add(peer)
+                log.warning("refused a write from another machine: the endpoint has no server.auth",
+                            remote=peer, method=request.method, path=request.path[:200])
+            return _error(request, 403, "forbidden", "writes from other machines need server.auth (a bearer "
+                          "token), or server.allow_unauthenticated_writes: true where something in front "
+                          "authenticates")
         if request.path.startswith("/api/"):
             refused = api_refusal(request)
             if refused is not None:
-                return _error(refused[0], "forbidden" if refused[0] == 403 else "bad_data", refused[1])
+                return _error(request, refused[0], "forbidden" if refused[0] == 403 else "bad_data", refused[1])
         return await handler(request)
 
     return guard_writes

@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
+    elif args.format == "json":  # json.dumps escapes every control and non-ASCII character as \uXXXX itself,
+        sys.stdout.write(text)    # and the output must stay JSON: written as it is
     else:  # a terminal: control characters from alert names and labels escaped (agent.textsafe)
         sys.stdout.write(escape_lines(text))
     if problems:  # the report is written, but incomplete: say why and exit non-zero for scripts

@@ -111,14 +111,17 @@ def _request(method: str, path: str, peer: str | None) -> web.Request:
                                transport=transport)
 
 
-PEERS = [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::ffff:127.0.0.1", True),
+PEERS = [("127.0.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+         ("127.0.0.6", False),  # Istio's inbound sidecar connects from here on behalf of any pod in the mesh
+         ("127.8.9.10", False), ("::ffff:127.0.0.6", False),
          ("192.0.2.7", False), ("10.0.0.1", False), ("::ffff:10.0.0.1", False), ("fd00::2", False),
          ("0.0.0.0", False), ("", False), (None, False), ("not-an-address", False)]
 
 
 @pytest.mark.parametrize(("peer", "local"), PEERS)
 def test_local_peer(peer: str | None, local: bool) -> None:
-    """Only loopback peers (also IPv4-mapped ::ffff:127.x) count as this machine."""
+    """Only 127.0.0.1 and ::1 (also IPv4-mapped) count as this machine, not the rest of 127/8 that a
+    service mesh's sidecar connects from."""
     assert local_peer(peer) is local
 
 
@@ -145,7 +148,6 @@ async def test_unauthenticated_writes_only_from_this_machine(path: str, peer: st
     assert await _answer(open_, "GET", path, peer) == 200
     assert await _answer(allowed, "POST", path, peer) == 200
     assert await _answer(token, "POST", path, peer) == 200
-
 
 
 @pytest.mark.parametrize(("fields", "words"), [

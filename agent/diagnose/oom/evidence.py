@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.diagnose.oom.k8s import DescribeReader, JsonDocuments, is_pod, parse_quantity, pod_oom_kills
-from agent.diagnose.oom.lines import MAX_LINE_CHARS, is_request_log, message
+from agent.diagnose.oom.lines import MAX_LINE_CHARS, is_request_log, message, record_texts
 from agent.diagnose.oom.xid import XID_TABLE, XidInfo, xid_info
 from agent.gocompat.regex import Match as ReMatch
 from agent.gocompat.regex import Regexp, compile_go
@@ -174,8 +174,6 @@ _EVIDENCE_HINTS = ("out of memory", "Out of memory", "cache blocks", "max seq le
                    "Killed process", "NVRM", "fallen off the bus", "LLM engine", "args: ", "Memory profiling",
                    "total_gpu_memory", "model weights", "Model loading took", "KV cache memory", "KV Cache is",
                    "kv_cache_size", "blocks: ")
-#: The text field of a JSON log record (Docker's json-file "log", structured loggers' "message"/"msg").
-_JSON_TEXT_FIELDS = ("log", "message", "msg")
 
 
 def _s(m: ReMatch, group: int) -> str:
@@ -226,11 +224,12 @@ class EvidenceScanner:
         self._kubectl = DescribeReader()
 
     # -- per line ------------------------------------------------------------------------------
-    def feed(self, raw: str, *, text: str | None = None) -> None:
+    def feed(self, raw: str, *, text: str | None = None, advance: bool = True) -> None:
         """One line; ``text`` is what it says when that is not the line itself (a JSON log record's
-        message), and the line is what a match quotes."""
+        message, or a line of its traceback: then ``advance`` is False, as it is the same input line),
+        and the line is what a match quotes."""
         line = raw.rstrip("\r\n")
-        self._lineno += 1
+        self._lineno += advance
         if len(line) > MAX_LINE_CHARS:
             self.lines_cut += 1
             line = line[:MAX_LINE_CHARS]
@@ -392,11 +391,11 @@ def parse_evidence(lines: Iterable[str] | str) -> tuple[list[Match], EngineConfi
                 i += used
                 continue
             if isinstance(doc, dict) and used == 1:
-                said = next((v for k in _JSON_TEXT_FIELDS if isinstance(v := doc.get(k), str)), None)
-                if said is None:  # a record with no message (its other fields are data, not log text)
+                said = record_texts(doc)
+                if not said:  # a record with no message (its other fields are data, not log text)
                     scanner.skip(1)
-                else:
-                    scanner.feed(line, text=said)
+                for n, text_line in enumerate(said):  # the message, then its traceback's lines
+                    scanner.feed(line, text=text_line, advance=n == 0)
                 i += 1
                 continue
         scanner.feed(line)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from agent.gocompat.regex import compile_go
 
-__all__ = ["MAX_LINE_CHARS", "is_request_log", "message"]
+__all__ = ["MAX_LINE_CHARS", "is_request_log", "message", "record_texts"]
 
 #: The longest line matched for evidence (characters); the rest of a longer line is not read.
 #: vLLM's longest own lines (the engine config, a non-default args dict) are under 8 KiB.
@@ -39,14 +39,25 @@ _PREFIX = compile_go(
     r"| - [\w.]+ - [A-Z]+ - "  # Python logging's "<time> - lmdeploy - ERROR - "
     r"| )"  # kubectl logs --timestamps: "<time> "
     r"|\[\d{4}-\d\d-\d\d[T ][^\]]{0,40}\] "  # "[2026-02-24T20:21:58Z] "
-    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [^\s:\[]+ [\w./-]+(?:\[\d+\])?: "  # syslog: "May 15 23:09:30 host kernel: "
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? [^\s:\[]+ [\w./-]+(?:\[\d+\])?: "  # syslog, journalctl's
+    # short and short-precise: "May 15 23:09:30[.123456] host kernel: "
     r"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] "  # dmesg -T: "[Thu May  9 14:52:38 2024] "
-    r"|\[ *\d+\.\d+\] "  # dmesg: "[  518.050606] "
+    r"|\[ *\d+\.\d+\](?: [^\s:\[]+ [\w./-]+(?:\[\d+\])?:)? "  # dmesg: "[  518.050606] ", journalctl -o
+    # short-monotonic: "[  518.050606] host kernel: "
     r"|\[rank\d+\]: "  # torch.distributed: "[rank0]: "
-    r"|\([A-Za-z_][\w-]*(?:,? \w+=[\w.:/-]*)+\) "  # "(EngineCore_DP0 pid=7130) ", "(VllmWorker rank=1 pid=9) "
+    r"|\([A-Za-z_][\w-]*(?: [A-Z]+\d+)*(?:,? \w+=[\w.:/-]*)+\) "  # "(EngineCore_DP0 pid=7130) ",
+    # "(VllmWorker rank=1 pid=9) ", "(VllmWorker TP0 pid=1430) ", "(Worker_PP1 TP0 pid=7) "
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w.-]+:\d+\] "  # vLLM
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL): +"  # uvicorn: "INFO:     "
     r")", what="log line prefix")
+#: The message field of a JSON log record (Docker's json-file "log", structured loggers' "message"/"msg").
+_RECORD_MESSAGE = ("log", "message", "msg")
+#: Where Python's JSON loggers (python-json-logger, structlog's JSON renderer) put the traceback: the
+#: exception line that is the evidence ("torch.OutOfMemoryError: CUDA out of memory ...") is there.
+_RECORD_TRACEBACK = ("exc_info", "exception", "stack_info", "stack_trace", "traceback")
+#: The traceback lines of one record that are read: the exception line is the last of a traceback,
+#: so the tail is kept.
+_MAX_TRACEBACK_LINES = 200
 #: No line stacks more prefixes than this; a line made of prefixes stops being stripped here.
 _MAX_PREFIXES = 8
 
@@ -74,6 +85,18 @@ def message(line: str) -> str:
             break
         text = text[m.end():]
     return text
+
+
+def record_texts(record: dict[str, object]) -> list[str]:
+    """What a JSON log record says, line by line: its message, then the lines of its traceback
+    (the last :data:`_MAX_TRACEBACK_LINES`). Its other fields (a ``prompt``, request parameters) are
+    data, never read as log text; an empty list for a record with neither."""
+    said = next((v for k in _RECORD_MESSAGE if isinstance(v := record.get(k), str)), None)
+    out = [said] if said is not None else []
+    for key in _RECORD_TRACEBACK:
+        if isinstance(trace := record.get(key), str):
+            out.extend(trace[-MAX_LINE_CHARS:].split("\n")[-_MAX_TRACEBACK_LINES:])
+    return out
 
 
 def _plain(text: str) -> str:

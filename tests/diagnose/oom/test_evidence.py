@@ -323,6 +323,9 @@ def test_quoted_evidence_in_request_logs_is_not_evidence(line: str, start: str, 
     "2025-05-08T14:46:12.123456789Z stderr F ", "2025-05-08T14:46:12.123456789Z ", "[rank0]: ", "[pod/vllm-0/vllm] ",
     "vllm-1  | ", "(RayWorkerWrapper pid=5543, ip=10.0.0.2) ERROR 05-08 14:46:12 [worker_base.py:620] ",
     "\x1b[1;36m(EngineCore_DP0 pid=7)\x1b[0;0m ",  # vLLM colours its process prefix (through a TTY)
+    "(VllmWorker TP0 pid=1430) ", "(Worker_PP1 TP0 pid=7) ",  # vLLM's tensor/pipeline-parallel workers
+    "May 15 23:09:30 gpu-1 vllm[123]: ", "May 15 23:09:30.123456 gpu-1 kernel: ",  # journalctl short(-precise)
+    "[  518.050606] gpu-1 kernel: ",  # journalctl -o short-monotonic
 ])
 def test_evidence_behind_shippers_prefixes_is_found(prefix: str) -> None:
     """The same evidence lines behind a container runtime's, kubectl's, torchrun's, Ray's or vLLM's coloured
@@ -339,6 +342,19 @@ def test_json_records_are_read_by_their_message() -> None:
     (m,), _ = parse_evidence([docker])
     assert m.type == "torch-oom" and m.values["gpu"] == 1 and m.line == docker
     assert parse_evidence([json.dumps({"error": line})])[0] == []
+
+
+@pytest.mark.parametrize("field", ["exc_info", "exception", "stack_info", "traceback"])
+def test_json_records_are_read_with_their_traceback(field: str) -> None:
+    """A JSON logger's record (python-json-logger, structlog) carries the exception line in its traceback
+    field: that is evidence, at the record's line; a prompt field quoting the same line is not."""
+    oom = _line_of("torch_cuda_oom_v1_worker.txt", "CUDA out of memory")
+    exception = oom[oom.index("torch.OutOfMemoryError"):]
+    record = json.dumps({"message": "EngineCore failed", field: f"Traceback (most recent call last):\n  File "
+                         f'"x.py", line 1, in <module>\n{exception}'})
+    (m,), _ = parse_evidence(["{}", record])
+    assert (m.type, m.lineno, m.line) == ("torch-oom", 2, record)
+    assert parse_evidence([json.dumps({"message": "Received request x", "prompt": exception})])[0] == []
 
 
 def test_request_lines_set_the_serving_phase_and_not_the_engine() -> None:
