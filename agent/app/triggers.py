@@ -8,7 +8,8 @@ thread of its message, and the incident log):
   lines, after the engine's start-up lines seen earlier in that file (the API server's
   arguments, the engine's config line, the memory profile: they hold the
   ``--gpu-memory-utilization``, model and parallelism the advice depends on), go through
-  :func:`~agent.diagnose.oom.verdict.diagnose_oom`;
+  :func:`~agent.diagnose.oom.verdict.diagnose_oom` (the files and their start-up lines are
+  :class:`~agent.app.logwatch.LogWatch`'s, read in a worker thread);
 * **a target goes down after its GPU memory was near full**: the last 5 minutes of
   ``DCGM_FI_DEV_FB_USED`` / ``FB_FREE`` on the target's host peaked above
   ``diagnostics.oom.gpu_memory_near_full`` — the runtime OOM signature, even with no
@@ -34,9 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -47,16 +46,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.act.notification import AlertSnapshot
+from agent.app.logwatch import LogWatch
 from agent.app.served import ServedLengths, served_lengths, with_served_length
 from agent.config import GPU_MEMORY_ALERTS, Config
 from agent.diagnose.findings import Finding, runbook_url
-from agent.diagnose.logtail import LogTailer, bounded_lines
+from agent.diagnose.logtail import LogTailer
 from agent.diagnose.nccl import judge
 from agent.diagnose.nccl.interconnects import check_configured
 from agent.diagnose.nccl.run import command_from_config, run_nccl
 from agent.diagnose.oom.context import HISTORY_MS
-from agent.diagnose.oom.evidence import parse_evidence
-from agent.diagnose.oom.lines import is_request_log
 from agent.diagnose.oom.verdict import (
     DEFAULT_UTILIZATION,
     OomContext,
@@ -76,20 +74,6 @@ log = structlog.get_logger(__name__)
 Post = Callable[[Finding, AlertSnapshot | None], None]
 _DEDUP_MS = 10 * 60_000
 _DOWN_LOOKBACK_MS = 5 * 60_000
-#: Start-up lines that describe the engine a later OOM happens in, in the order vLLM prints
-#: them: the API server's arguments (``--gpu-memory-utilization``, ``--max-num-seqs``, ...), the
-#: engine's config line (model, ``max_seq_len``, tensor parallelism, quantization), the memory
-#: profile (total GPU memory, utilization). The last of each kind per file is kept; a kind seen
-#: again starts a new run, so the kinds after it (from the previous run) are dropped.
-_CONTEXT_MARKERS: tuple[tuple[str, ...], ...] = (
-    ("non-default args:", "args: Namespace("),  # V1 log_non_default_args / V0 api_server
-    ("with config:",),  # "Initializing a V1 LLM engine (v0.12.0) with config: model=..., ..."
-    ("Memory profiling results:", "the current vLLM instance can use total_gpu_memory"),
-)
-_CONTEXT_BYTES = tuple(m.encode() for markers in _CONTEXT_MARKERS for m in markers)
-#: Of a log that exists at start-up, the tail read for its start-up lines: vLLM's stats line
-#: every 10 s is ~2 MB a day, so this reaches back about a month.
-_PRIME_BYTES = 64 << 20
 _GPU_MEMORY_ALERTS = re.compile(GPU_MEMORY_ALERTS)  # the default diagnose action's names, fullmatch
 
 
@@ -115,11 +99,7 @@ class Diagnostics:
         self._clock = clock
         self._runner = runner
         oom = self._cfg.oom
-        self._tailer = LogTailer(oom.log_files) if oom.enabled and oom.log_files else None
-        self._context: dict[str, dict[int, str]] = {}  # path -> context kind -> last line of that kind
-        self._scan_lock = threading.Lock()
-        for path in self._tailer.followed if self._tailer is not None else []:
-            self._prime_context(path)
+        self._logs = LogWatch(oom.log_files) if oom.enabled and oom.log_files else None
         self._health: dict[str, str] = {}
         self._posted: dict[tuple[str, str, str, str], int] = {}
         self.findings_total: dict[str, int] = {}
@@ -147,44 +127,29 @@ class Diagnostics:
     def poll_logs(self) -> list[Finding]:
         """Read what the tailed logs gained; diagnose it if it holds OOM evidence (here, blocking:
         the daemon awaits :meth:`poll_logs_async`)."""
-        if self._tailer is None:
+        if self._logs is None:
             return []
         now_ms = int(self._clock() * 1000)
-        found = self._diagnose_logs(self._scan_logs(), self._local_context(now_ms))
+        found = self._diagnose_logs(self._logs.scan(), self._local_context(now_ms))
         return self._post_log_findings(found, now_ms)
 
     @property
     def tailer(self) -> LogTailer | None:
         """The tailer of ``diagnostics.oom.log_files`` (None when there are none)."""
-        return self._tailer
+        return self._logs.tailer if self._logs is not None else None
 
     async def poll_logs_async(self) -> list[Finding]:
         """:meth:`poll_logs` for the event loop: reading the files and matching the lines (a long
         backlog, megabytes of request log) run in a worker thread; the store is read and the findings
         are posted on the loop."""
-        if self._tailer is None:
+        if self._logs is None:
             return []
         now_ms = int(self._clock() * 1000)
-        evidence = await asyncio.to_thread(self._scan_logs)
+        evidence = await asyncio.to_thread(self._logs.scan)
         if not evidence:  # the usual poll: stats lines, nothing to diagnose
             return []
         found = await asyncio.to_thread(self._diagnose_logs, evidence, self._local_context(now_ms))
         return self._post_log_findings(found, now_ms)
-
-    def _scan_logs(self) -> dict[str, list[str]]:
-        """Blocking: the new lines of each tailed file that hold OOM evidence, after that file's
-        remembered start-up lines."""
-        assert self._tailer is not None
-        with self._scan_lock:  # one scan at a time: the tailer and the context memory are not shared
-            new: dict[str, list[str]] = {}
-            for path, line in self._tailer.poll():
-                new.setdefault(path, []).append(line)
-            evidence: dict[str, list[str]] = {}
-            for path, lines in new.items():
-                context = self._take_context(path, lines)
-                if parse_evidence(lines)[0]:
-                    evidence[path] = [*context, *lines]
-            return evidence
 
     def _diagnose_logs(self, evidence: dict[str, list[str]], context: OomContext) -> list[Finding]:
         """Blocking: the findings of each file's evidence, labelled with the file."""
@@ -193,36 +158,6 @@ class Diagnostics:
 
     def _post_log_findings(self, found: list[Finding], now_ms: int) -> list[Finding]:
         return [f for f in found if self._emit(f, None, now_ms)]
-
-    def _take_context(self, path: str, lines: list[str]) -> list[str]:
-        """The remembered start-up lines of ``path`` that still describe the engine writing
-        ``lines`` (those before the first kind ``lines`` prints again); remembers ``lines``' own."""
-        mem = self._context.setdefault(path, {})
-        kinds = [(k, line) for line in lines if (k := _context_kind(line)) is not None]
-        first = kinds[0][0] if kinds else len(_CONTEXT_MARKERS)
-        context = [mem[k] for k in sorted(mem) if k < first]
-        for k, line in kinds:
-            for later in [j for j in mem if j > k]:
-                del mem[later]
-            mem[k] = line
-        return context
-
-    def _prime_context(self, path: str) -> None:
-        """Remember the start-up lines an existing log already holds: the tailer starts at its end,
-        and an engine started before the agent (or before its restart) printed them there."""
-        try:
-            with open(path, "rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, size - _PRIME_BYTES))
-                raws = bounded_lines(fh)  # cut as the tailer cuts them: a line may be a user's megabytes
-                if size > _PRIME_BYTES:
-                    next(raws, None)  # the cut first line
-                lines = [raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in raws
-                         if any(m in raw for m in _CONTEXT_BYTES)]
-        except OSError as exc:
-            log.warning("log file unreadable", path=path, error=str(exc))
-            return
-        self._take_context(path, lines)
 
     def _local_context(self, now_ms: int) -> OomContext:
         """GPU memory history of the agent's own host (its NVML poller), no engine config."""
@@ -396,25 +331,13 @@ class Diagnostics:
                 self._emit(f, alert, now_ms)
         return verdict, findings
 
-    def _close_tailer(self) -> None:
-        assert self._tailer is not None
-        with self._scan_lock:
-            self._tailer.close()
-
     async def stop(self) -> None:
         if self._nccl_task is not None and not self._nccl_task.done():
             self._nccl_task.cancel()
         for task in list(self._history_tasks):
             task.cancel()
-        if self._tailer is not None:
-            await asyncio.to_thread(self._close_tailer)  # after a scan in flight, not under it
-
-
-def _context_kind(line: str) -> int | None:
-    """The index in :data:`_CONTEXT_MARKERS` of a start-up line, None for any other line (and for the
-    request logger's: a prompt that quotes start-up lines neither replaces them nor starts a new run)."""
-    kind = next((i for i, markers in enumerate(_CONTEXT_MARKERS) if any(m in line for m in markers)), None)
-    return None if kind is None or is_request_log(line) else kind
+        if self._logs is not None:
+            await asyncio.to_thread(self._logs.close)  # after a scan in flight, not under it
 
 
 class DiagnosticsCollector(Collector):

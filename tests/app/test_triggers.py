@@ -449,7 +449,7 @@ async def test_log_scan_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pyt
         scanned_on.add(threading.get_ident())
         return parse_evidence(lines)
 
-    monkeypatch.setattr("agent.app.triggers.parse_evidence", parse)
+    monkeypatch.setattr("agent.app.logwatch.parse_evidence", parse)
     prompt = ("CUDA out of memory. Tried to allocate 1.00 GiB " + " " * 64) * ((1 << 20) // 112)  # 1 MB
     _append(log, f"INFO 05-08 14:46:11 [logger.py:39] Received request x: prompt: {prompt!r}, params: None",
             *["Killed process 1 (" * ((16 << 10) // 18)] * 64, "1" * (2 << 20), V1_OOM)  # 64 x 16 KiB, 2 MB
