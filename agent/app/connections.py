@@ -34,7 +34,7 @@ aiohttp internals are touched:
   second. :class:`AcceptErrorLog` turns that into one warning per minute with a count.
 
 TLS handshakes happen before the proxy sees a connection; they are bounded by asyncio's
-``ssl_handshake_timeout``, which :func:`agent.app.server.serve` sets to the head deadline.
+``ssl_handshake_timeout``, which :func:`agent.app.listener.serve` sets to the head deadline.
 """
 
 from __future__ import annotations

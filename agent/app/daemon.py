@@ -20,7 +20,6 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
@@ -31,39 +30,29 @@ from apscheduler.triggers.cron import CronTrigger
 from agent.act import ActCollector, ActLayer
 from agent.act.remote_write import RemoteWrite, RemoteWriteCollector, Sample
 from agent.app.connections import AcceptErrorLog, raise_open_file_limit
+from agent.app.groupjobs import add_group_jobs, eval_at_ms
 from agent.app.ha import Elector, LeaderCollector, ha_status, leadership_for, start_elector
+from agent.app.listener import HttpCollector, HttpServer, descriptor_warning, serve, server_status
 from agent.app.recording import RecordingPlacement
+from agent.app.rulefiles import keep_list, rule_paths, rule_selector
+from agent.app.selfseries import self_series
 from agent.app.served import ServedLengths
-from agent.app.server import (
-    BACKLOG,
-    FD_RESERVE,
-    HttpCollector,
-    HttpServer,
-    build_app,
-    descriptors_needed,
-    new_guard,
-    serve,
-    server_status,
-)
-from agent.app.telemetry import AgentCollector, FileSDCollector, SourceCollector, build_registry
+from agent.app.server import build_app, new_guard
+from agent.app.telemetry import AgentCollector, CycleStats, FileSDCollector, SourceCollector, build_registry
 from agent.app.triage import Reports
-from agent.app.triage.series import CONTEXT_FAMILIES
 from agent.app.triggers import Diagnostics, DiagnosticsCollector
-from agent.collect import catalog
 from agent.collect.discovery import FileSD, all_targets, expand_globs, static_targets
 from agent.collect.nvml import NvmlSource
 from agent.collect.scrape import Scraper
 from agent.config import Config
-from agent.errors import ConfigError, PromQLError, StateError
+from agent.errors import StateError
 from agent.promql import Engine
 from agent.promql.history import RemoteHistory
 from agent.promql.remote import RemoteSource
-from agent.promql.rewrite import Matcher, parse_selector
-from agent.rules.files import GroupSpec, load_rule_files, parametrize
-from agent.rules.manager import AlertEvent, Group, RuleManager, rule_group_label
-from agent.rules.timing import eval_offset_ms, eval_timestamp_ms, next_eval_ms
-from agent.series import Observation, labels_from
-from agent.store import KeepList, RoundWriter, Store
+from agent.rules.files import load_rule_files, parametrize
+from agent.rules.manager import AlertEvent, Group, RuleManager
+from agent.series import Observation
+from agent.store import RoundWriter, Store
 
 __all__ = ["Agent", "keep_list", "rule_paths"]
 
@@ -72,46 +61,6 @@ log = structlog.get_logger(__name__)
 _GC_INTERVAL_S = 60.0
 _PRUNE_INTERVAL_S = 3600.0
 _LOG_POLL_S = 5.0  # tailed log files (OOM evidence)
-_STATE_FAILURES = "sre_agent_state_write_failures_total"  # also on /metrics (agent.act.ActCollector)
-_RULE_FAILURES = "sre_agent_rule_evaluation_failures_total"  # these two also on /metrics (agent.app.telemetry)
-_FAILING_RULES = "sre_agent_rule_group_failing_rules"
-_RW = "sre_agent_remote_write_"  # the remote-write series too (agent.act.remote_write.RemoteWriteCollector)
-
-
-#: Rule-file globs expand like Prometheus' ``rule_files``: a plain path that does not
-#: exist is kept, so loading reports it by name.
-rule_paths = expand_globs
-
-
-def rule_selector(text: str) -> list[Matcher]:
-    """``rules.selector`` as matchers; a ConfigError names the key (the config layer cannot parse PromQL)."""
-    try:
-        return parse_selector(text) if text.strip() else []
-    except PromQLError as exc:
-        raise ConfigError(f"rules.selector: {exc}") from exc
-
-
-def keep_list(config: Config, groups: list[GroupSpec] | None = None) -> KeepList:
-    """The families to store: the catalog's health families, the triage report's context
-    (:data:`~agent.app.triage.series.CONTEXT_FAMILIES`), ``store.keep`` and every metric name a
-    loaded rule selects (DESIGN.md decision 3)."""
-    if config.store.keep_all:
-        return KeepList(None)
-    names: set[str] = set()
-    for g in groups or []:
-        group_names, unnamed = g.metric_names()
-        if unnamed:
-            log.warning("a rule selects series without a fixed metric name; storing every family",
-                        group=g.name, file=g.file)
-            return KeepList(None)
-        names |= group_names
-    return KeepList(catalog.default_keep_families() | CONTEXT_FAMILIES | frozenset(config.store.keep) | names)
-
-
-@dataclass
-class _Stats:
-    scrape_cycles: int = 0
-    last_cycle_seconds: float = 0.0
 
 
 class Agent:
@@ -190,7 +139,7 @@ class Agent:
             self.scraper.observer = self._nvml_writer.observer = functools.partial(self._note_written, "scraped")
         self._nvml_started = False
         self._nvml_samples: list[Observation] = []
-        self.stats = _Stats()
+        self.stats = CycleStats()
         self.http_guard = new_guard(config.server)
         self._accept_log = AcceptErrorLog()
         self.registry = build_registry(
@@ -277,25 +226,12 @@ class Agent:
                 "write_failures": h.write_failures, "held": h.held}
 
     def server_warnings(self) -> list[str]:
-        """:meth:`ServerConfig.warnings` plus whether the file-descriptor budget fits (module docstring of
-        :mod:`agent.app.connections`): HTTP connections + scrape connections + a reserve under ``ulimit -n``."""
-        out = self.config.server.warnings()
+        """:meth:`ServerConfig.warnings` plus whether the file-descriptor budget fits under ``ulimit -n``."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        server, concurrency = self.config.server, self.config.scrape.concurrency
         # concurrency 0: a connection per target (those of the last cycle, or the static ones before it)
         targets = max(len(self.scraper.targets), len(self._static_targets))
-        # two pools of scrape.concurrency: targets that answered last time, and those that failed (no more
-        # of those than there are targets; file_sd may bring more later, the first pool is counted whole)
-        connections = concurrency + min(concurrency, targets) if concurrency else targets
-        scraping = (f"{connections} scraping (scrape.concurrency {concurrency}, as many again for failing targets)"
-                    if concurrency else f"one per target with scrape.concurrency 0 ({targets})")
-        need = descriptors_needed(server, connections)
-        if soft != resource.RLIM_INFINITY and need > soft:
-            out.append(f"server.max_connections ({server.max_connections}) + 2 x {BACKLOG} accepted at once + "
-                       f"{scraping} + {FD_RESERVE} for files = {need} file descriptors, "
-                       f"over the open-file limit ({soft}): raise ulimit -n, set scrape.concurrency "
-                       "or lower server.max_connections")
-        return out
+        over = descriptor_warning(self.config.server, self.config.scrape.concurrency, targets, soft)
+        return self.config.server.warnings() + ([over] if over else [])
 
     # -- jobs ------------------------------------------------------------------------
     async def scrape_cycle(self) -> None:
@@ -315,28 +251,9 @@ class Agent:
         the store's series cap, rule evaluation), also on /metrics, written into its store so
         SREAgentStateWritesFailing, SREAgentStoreSeriesLimitReached and SREAgentRuleEvaluationsFailing
         fire without a Prometheus scraping the agent."""
-        st, now_ms = self.store, int(self._clock() * 1000)
-        rows = [(labels_from(name), float(value), now_ms) for name, value in (
-            (_STATE_FAILURES, self.act.health.write_failures),
-            ("sre_agent_store_series", st.series_count),
-            ("sre_agent_store_max_series", st.max_series),
-            ("sre_agent_store_refused_series_total", st.refused_series),
-        )]
-        # per group, so SREAgentRuleEvaluationsFailing fires even while a remote source is down
-        for g in self.rules.groups:
-            group_label = {"rule_group": rule_group_label(g)}
-            rows.append((labels_from(_RULE_FAILURES, group_label), float(g.failures), now_ms))
-            rows.append((labels_from(_FAILING_RULES, group_label), float(sum(r.health == "err" for r in g.rules)),
-                         now_ms))
-        # per remote, so SREAgentRemoteWriteBehind and SREAgentRemoteWriteLosingSamples fire from the agent's store
-        for q in self.remote_write.queues if self.remote_write is not None else []:
-            remote, st_rw = {"remote_name": q.name, "url": q.url}, q.stats
-            rows += [(labels_from(f"{_RW}pending_samples", remote), float(st_rw.pending), now_ms),
-                     (labels_from(f"{_RW}last_send_timestamp_seconds", remote), st_rw.last_send_s, now_ms),
-                     (labels_from(f"{_RW}failed_samples_total", remote), float(st_rw.failed), now_ms)]
-            rows += [(labels_from(f"{_RW}dropped_samples_total", {**remote, "reason": reason}),
-                      float(st_rw.dropped[reason]), now_ms) for reason in ("queue_full", "invalid", "state_error")]
-        self._self_writer.write(rows, now_ms)
+        now_ms = int(self._clock() * 1000)
+        queues = self.remote_write.queues if self.remote_write is not None else []
+        self._self_writer.write(self_series(self.store, self.act.health, self.rules.groups, queues, now_ms), now_ms)
 
     async def poll_nvml(self) -> None:
         nv = self.nvml
@@ -401,7 +318,7 @@ class Agent:
         """Evaluate at the group's grid point (``agent.rules.timing``); ``aligned`` False (the first run in
         embedded mode, which must not evaluate before the first scrape landed) evaluates at now."""
         now_ms = int(self._clock() * 1000)
-        at_ms = eval_timestamp_ms(now_ms, int(group.interval_s * 1000), _offset_ms(group)) if aligned else now_ms
+        at_ms = eval_at_ms(group, now_ms) if aligned else now_ms
         if at_ms <= group.last_eval_ms or id(group) in self._evaluating:
             log.debug("evaluation skipped: this grid point was evaluated", group=group.spec.name)
             return
@@ -480,18 +397,8 @@ class Agent:
                           max_instances=1, coalesce=True, next_run_time=first)
         first_eval = first + timedelta(seconds=cfg.scrape.interval * w)  # once the first scrapes have landed
         first_model_ms = int((self._clock() + cfg.scrape.interval) * 1000)  # the same moment on the clock
-        for i, group in enumerate(self.rules.groups):
-            # On the group's grid (agent.rules.timing): an HA pair evaluates at the same instants. The
-            # grid's first point can be up to an interval away: evaluate once right away too, at the
-            # last grid point in Prometheus mode (the server has the data), at now in embedded mode.
-            # The grid is in the clock's time (model time in the demo); the scheduler runs on the wall.
-            at_ms = next_eval_ms(first_model_ms, int(group.interval_s * 1000), _offset_ms(group))
-            run_at = first_eval + timedelta(seconds=(at_ms - first_model_ms) / 1000 * w)
-            sched.add_job(self._evaluate_job, "interval", args=[group], seconds=group.interval_s * w, id=f"rules-{i}",
-                          max_instances=1, coalesce=True, next_run_time=run_at)
-            if at_ms > first_model_ms:
-                sched.add_job(self._evaluate_job, "date", args=[group, self.source is not None], id=f"rules-{i}-first",
-                              run_date=first_eval)
+        add_group_jobs(sched, self.rules.groups, self._evaluate_job, first_eval=first_eval,  # agent.app.groupjobs
+                       first_model_ms=first_model_ms, wall=w, remote=self.source is not None)
         sched.add_job(self._gc_job, "interval", seconds=_GC_INTERVAL_S * w, id="retention", coalesce=True)
         await self.act.start()
         if self.leadership is not None:
@@ -540,8 +447,3 @@ class Agent:
             await stop.wait()
         finally:
             await self.stop()
-
-
-def _offset_ms(group: Group) -> int:
-    """The group's place in its interval: the same in every process with the same rule files."""
-    return eval_offset_ms(group.spec.file, group.spec.name, int(group.interval_s * 1000))

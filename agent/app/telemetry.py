@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,11 +28,12 @@ from agent.store import AppendResult, Store
 __all__ = ["AgentCollector", "CycleStats", "FileSDCollector", "SourceCollector", "build_registry"]
 
 
-class CycleStats(Protocol):
-    """What the daemon reports about its own jobs."""
+@dataclass
+class CycleStats:
+    """What the daemon reports about its own jobs: scrape cycles run, and how long the last one took."""
 
-    scrape_cycles: int
-    last_cycle_seconds: float
+    scrape_cycles: int = 0
+    last_cycle_seconds: float = 0.0
 
 
 class AgentCollector(Collector):

@@ -40,6 +40,7 @@ from agent.diagnose.findings import Finding
 from agent.diagnose.plan.fields import positive_int
 from agent.diagnose.plan.fleet import ReplicaCapacity, capacity_advice, replicas_from_store
 from agent.errors import ConfigError, DiagnosisError, ExpositionError, ScrapeError
+from agent.promql.remote import read_capped
 from agent.series import labels_from
 from agent.store import Store
 
@@ -47,7 +48,6 @@ __all__ = ["DEFAULT_TIMEOUT_S", "MAX_BODY_BYTES", "Fetch", "fetch_url", "run_liv
 
 Fetch = Callable[[str], bytes]
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
-_CHUNK = 64 << 10
 #: The daemon's defaults for one scrape (``scrape.timeout``, ``scrape.body_limit``): one place decides both.
 DEFAULT_TIMEOUT_S: float = ScrapeConfig().timeout
 MAX_BODY_BYTES: int = ScrapeConfig().body_limit
@@ -72,13 +72,10 @@ async def _get(url: str, timeout_s: float, max_bytes: int) -> bytes:
                 raise ScrapeError(f"HTTP status {resp.status} {resp.reason or ''}".strip())
             if resp.content_length is not None and resp.content_length > max_bytes:
                 raise ScrapeError(too_big)
-            chunks, size = [], 0
-            async for chunk in resp.content.iter_chunked(_CHUNK):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ScrapeError(too_big)
-                chunks.append(chunk)
-            return b"".join(chunks)
+            body = await read_capped(resp.content, max_bytes + 1)
+            if len(body) > max_bytes:
+                raise ScrapeError(too_big)
+            return body
     except TimeoutError as exc:
         raise ScrapeError(f"no complete answer within {timeout_s:g}s (--timeout)") from exc
     except aiohttp.ClientError as exc:

@@ -32,8 +32,8 @@ from typing import Any
 import requests
 
 from agent.act.state import StateDB
-from agent.app.daemon import rule_paths, rule_selector
 from agent.app.logs import configure_logging
+from agent.app.rulefiles import rule_paths, rule_selector
 from agent.app.triage import FORMATS, build, render
 from agent.app.triage.facts import read_state
 from agent.app.triage.series import remote_query

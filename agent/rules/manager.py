@@ -27,8 +27,7 @@ import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from typing import Any, cast
 
 import structlog
@@ -36,8 +35,9 @@ import structlog
 from agent.errors import AgentError, PromQLError, RuleError, TemplateError
 from agent.gocompat.fmt import format_float
 from agent.promql import Engine, Scalar, Vector
-from agent.rules.files import GroupSpec, RuleSpec
+from agent.rules.files import GroupSpec
 from agent.rules.restore import earliest_active_at
+from agent.rules.state import Alert, AlertEvent, AlertState, Group, RuleState
 from agent.rules.template import Template
 from agent.series import METRIC_NAME, Labels, iso_ms, labels_from
 from agent.store import RoundWriter, Store
@@ -52,72 +52,6 @@ RESOLVED_RETENTION_MS = 15 * 60_000  # Prometheus' resolvedRetention
 Result = list[tuple[Labels, float]]  # one rule's instant result: (labels, value) per element
 # A remote instant query: (PromQL text, evaluation time in Unix ms) -> the result, or PromQLError
 RemoteQuery = Callable[[str, int], Awaitable[Result]]
-
-
-class AlertState(StrEnum):
-    INACTIVE = "inactive"
-    PENDING = "pending"
-    FIRING = "firing"
-
-
-@dataclass
-class Alert:
-    """One alert of one alerting rule, identified by its labels (``alertname`` included)."""
-
-    labels: Labels
-    annotations: dict[str, str]
-    value: float
-    state: AlertState
-    active_at_ms: int
-    fired_at_ms: int = 0
-    resolved_at_ms: int = 0
-    keep_firing_since_ms: int = 0
-
-    def as_json(self) -> dict[str, Any]:
-        """Shaped like an alert in Prometheus' ``/api/v1/alerts``; ``value`` is Go's ``FormatFloat(v, 'e', -1, 64)``
-        (``2e+01``), as Prometheus 2.42's API writes it there and in ``/api/v1/rules``."""
-        return {
-            "labels": dict(self.labels),
-            "annotations": dict(self.annotations),
-            "state": self.state.value,
-            "activeAt": iso_ms(self.active_at_ms),
-            "value": format_float(self.value, "e"),
-        }
-
-
-@dataclass(frozen=True)
-class AlertEvent:
-    """A state transition: ``kind`` is ``pending``, ``firing`` or ``resolved``."""
-
-    kind: str
-    group: str
-    rule: str
-    alert: Alert
-    at_ms: int
-
-
-@dataclass
-class RuleState:
-    """A rule with its runtime state (health, last error, alerts)."""
-
-    spec: RuleSpec
-    writer: RoundWriter
-    health: str = "unknown"
-    last_error: str = ""
-    last_eval_ms: int = 0
-    eval_seconds: float = 0.0
-    alerts: dict[Labels, Alert] = field(default_factory=dict)
-    restored: bool = False  # state came back from the state database: no restore from a remote server
-
-
-@dataclass
-class Group:
-    spec: GroupSpec
-    interval_s: float
-    rules: list[RuleState]
-    last_eval_ms: int = 0
-    eval_seconds: float = 0.0
-    failures: int = 0  # rule evaluations that failed, for sre_agent_rule_evaluation_failures_total
 
 
 class RuleManager:

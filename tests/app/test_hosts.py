@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,7 +11,7 @@ from pydantic import ValidationError
 
 from agent.app.daemon import Agent
 from agent.app.hosts import HostPolicy, split_host
-from agent.config import Config, ServerConfig
+from agent.config import ServerConfig
 
 TOKEN = "hosts-test-token"
 
@@ -95,15 +93,6 @@ def test_split_host(value: str, parsed: tuple[str, str] | None) -> None:
 
 
 # -- over HTTP ----------------------------------------------------------------------------------------
-
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    a = Agent(Config.model_validate({"targets": [], "server": {"listen": "127.0.0.1:0"}, "nvml": {"enabled": False},
-                                     "state": {"path": str(tmp_path / "s.db")}}))
-    await a.start()
-    yield a
-    await a.stop()
-
 
 @pytest.mark.parametrize("name", ["rebind.evil.example", "attacker.test", "localhost.evil.example"])
 async def test_rebound_names_cannot_read_or_silence(agent: Agent, name: str) -> None:

@@ -3,34 +3,18 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from agent.app.daemon import Agent
 from agent.app.server import build_app
-from agent.config import Config
 
 # Values a parameter must survive: digits int() or str.isdigit() accepts but ASCII does not
 # (Arabic-Indic, fullwidth, superscript, Devanagari), int()'s extras (underscores, spaces, signs),
 # percent-encoded NUL and control bytes, a lone surrogate, invalid UTF-8, and lengths past any column.
 HOSTILE = ["\u0663", "\u0661\u0662", "\uff11\uff12", "\u00b2", "\u0967", "1_0", " 7", "+5", "-1", "0x1",
            "%00", "%0a", "%ed%a0%80", "%ff%fe", "9" * 400, "a" * 5000, "%e2%80%ae", "%2e%2e%2f"]
-
-
-def _agent(tmp_path: Path) -> Agent:
-    return Agent(Config.model_validate({"targets": [], "server": {"listen": "127.0.0.1:0"},
-                                        "nvml": {"enabled": False}, "state": {"path": str(tmp_path / "s.db")}}))
-
-
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    a = _agent(tmp_path)
-    await a.start()
-    yield a
-    await a.stop()
 
 
 def _quoted(value: str) -> str:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -15,7 +13,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from agent.app.daemon import Agent
 from agent.app.writes import local_peer, writes_middleware
-from agent.config import Config, ServerConfig
+from agent.config import ServerConfig
 from agent.diagnose.findings import Finding
 
 SILENCE = {"matchers": ['alertname="CsrfProbe"'], "duration": "1h"}
@@ -28,15 +26,6 @@ FINDING = {"version": "1", "key": "finding:forward:csrf:1", "labels": {"node": "
            "finding": Finding(kind="gpu-oom-runtime", summary="CUDA OOM on GPU 3.", severity="critical",
                               evidence=["torch.OutOfMemoryError: CUDA out of memory."]).to_json()}
 ENDPOINTS = {"/api/v1/silences": SILENCE, "/api/v1/alertmanager/webhook": WEBHOOK, "/api/v1/findings": FINDING}
-
-
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    a = Agent(Config.model_validate({"targets": [], "server": {"listen": "127.0.0.1:0"}, "nvml": {"enabled": False},
-                                     "state": {"path": str(tmp_path / "s.db")}}))
-    await a.start()
-    yield a
-    await a.stop()
 
 
 def _attempts(base: str) -> dict[str, tuple[dict[str, str], int]]:

@@ -40,7 +40,7 @@ _MIN_PAD_MS = 5 * 60_000
 _MAX_PAD_MS = 60 * 60_000
 _VLLM_SCOPE = ("job", "instance", "model_name")
 #: What the context plots read beyond the catalog's health families, so the embedded store keeps it
-#: whatever rules are loaded (:func:`agent.app.daemon.keep_list`).
+#: whatever rules are loaded (:func:`agent.app.rulefiles.keep_list`).
 CONTEXT_FAMILIES = frozenset({"vllm:time_to_first_token_seconds_bucket", "lmdeploy:time_to_first_token_seconds_bucket",
                               "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_waiting",
                               "vllm:num_requests_running", "vllm:generation_tokens_total", "DCGM_FI_DEV_FB_USED",

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.diagnose.plan.fields import MAX_LAYERS, opt_int, positive_int
+from agent.diagnose.plan.fields import MAX_LAYERS, MAX_VALUE, opt_int, positive_int
 from agent.diagnose.plan.quant import ignored_kinds, scheme_from_config
 from agent.errors import DiagnosisError
 
@@ -247,14 +247,12 @@ class _Section(dict[str, Any]):
         self.prefix = prefix
 
 
-def _opt_int(data: Mapping[str, Any], keys: tuple[str, ...], *, maximum: int | None = None) -> int | None:
+def _opt_int(data: Mapping[str, Any], keys: tuple[str, ...], *, maximum: int = MAX_VALUE) -> int | None:
     """:func:`~agent.diagnose.plan.fields.opt_int` with the section's key path."""
-    prefix = getattr(data, "prefix", "")
-    return opt_int(data, keys, prefix=prefix) if maximum is None else opt_int(data, keys, prefix=prefix,
-                                                                              maximum=maximum)
+    return opt_int(data, keys, prefix=getattr(data, "prefix", ""), maximum=maximum)
 
 
-def _int_field(data: Mapping[str, Any], keys: tuple[str, ...], label: str, *, maximum: int | None = None) -> int:
+def _int_field(data: Mapping[str, Any], keys: tuple[str, ...], label: str, *, maximum: int = MAX_VALUE) -> int:
     """A required field: absent is an error, and so is ``0`` (which :func:`_opt_int` reads as unset)."""
     value = _opt_int(data, keys, maximum=maximum)
     if value is None:
