@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -564,7 +565,11 @@ async def test_full_store_refuses_new_series_alone_and_keeps_up_truthful(http_se
     store = Store(3_600_000, KeepList(None), max_series=3 + 4)  # the first target's 3 series + its 4 synthetic
     first = await http_server(_reply("".join(f'a{{i="{i}"}} 1\n' for i in range(3))))
     second = await http_server(_reply('b{i="0"} 1\nb{i="1"} 1\n'))
-    sc = _scraper(store)
+    # The six samples of `a` need both cycles of the first target. Once, on 2 busy cores, only three were
+    # there: a second cycle that hit the 2 s timeout or stamped the first one's millisecond explains it, so
+    # the clock moves a second per reading and the timeout is one a loaded machine does not reach.
+    ticks = itertools.count(1_700_000_000)
+    sc = Scraper(store, timeout_s=30.0, body_limit=1 << 20, concurrency=8, clock=lambda: float(next(ticks)))
     sc.set_targets([_spec(first)])
     await sc.scrape_all()
     sc.set_targets([_spec(first), _spec(second)])
